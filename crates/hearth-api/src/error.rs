@@ -1,0 +1,102 @@
+use serde::{Deserialize, Serialize};
+
+/// Stable machine-readable error codes. Clients match on these, never on messages.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The body is not valid JSON or does not match the schema (wrong type, unknown field).
+    InvalidJson,
+    /// A field or parameter has a value outside what is allowed.
+    InvalidArgument,
+    /// No or wrong API key.
+    Unauthorized,
+    /// No such sandbox, template, process or file.
+    NotFound,
+    /// The request body exceeds the route's limit.
+    PayloadTooLarge,
+    /// The request conflicts with the resource's state (e.g. not running, already exists).
+    Conflict,
+    /// The host has no room for the requested shape.
+    CapacityExceeded,
+    /// The VMM could not start the machine, or it did not become ready in time.
+    VmmFailed,
+    /// The guest agent could not be reached or broke the protocol.
+    AgentUnavailable,
+    /// The operation in the guest failed (e.g. permission denied); see the message.
+    GuestError,
+    /// The route does not exist.
+    UnknownRoute,
+    /// Wrong HTTP method for the route.
+    MethodNotAllowed,
+    /// Something unexpected went wrong in the daemon.
+    Internal,
+    /// Any code this client version does not know yet.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorCode {
+    /// The HTTP status this code is served with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidJson | ErrorCode::InvalidArgument => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::NotFound | ErrorCode::UnknownRoute => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::Conflict => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::GuestError => 422,
+            ErrorCode::CapacityExceeded => 503,
+            ErrorCode::VmmFailed | ErrorCode::AgentUnavailable => 502,
+            ErrorCode::Internal | ErrorCode::Unknown => 500,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::CapacityExceeded => "capacity_exceeded",
+            ErrorCode::VmmFailed => "vmm_failed",
+            ErrorCode::AgentUnavailable => "agent_unavailable",
+            ErrorCode::GuestError => "guest_error",
+            ErrorCode::UnknownRoute => "unknown_route",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Internal => "internal",
+            ErrorCode::Unknown => "unknown",
+        }
+    }
+}
+
+/// Every non-2xx response has this body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_unknown_is_tolerated() {
+        let j = serde_json::to_string(&ErrorCode::PayloadTooLarge).unwrap();
+        assert_eq!(j, "\"payload_too_large\"");
+        assert_eq!(ErrorCode::PayloadTooLarge.as_str(), "payload_too_large");
+        let c: ErrorCode = serde_json::from_str("\"brand_new_code\"").unwrap();
+        assert_eq!(c, ErrorCode::Unknown);
+    }
+}

