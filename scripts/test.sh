@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs hearth's whole test suite on a fresh Debian 12 machine (as root): installs what it needs, builds the guest
+# images (cached), checks formatting and lints, then runs every test, real-VM tests included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s (%s)\n' "$*" "$(date +%T)" >&2; }
+
+log "host dependencies"
+bash scripts/install-deps.sh
+
+log "guest images"
+bash images/build.sh
+
+log "format"
+cargo fmt --all -- --check
+
+log "clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "build tests"
+cargo nextest run --workspace --locked --no-run
+
+log "tests"
+# Real-VM tests boot QEMU guests under TCG; nextest's config (.config/nextest.toml) bounds how many run at once.
+cargo nextest run --workspace --locked --no-fail-fast
+cargo test --workspace --locked --doc -q
