@@ -1,0 +1,451 @@
+#!/usr/bin/env bash
+# images/build.sh [--check] [--force]
+#
+# Builds every guest artifact hearth boots, from Debian packages, into ${HEARTH_IMAGES:-/var/lib/hearth/images}:
+#
+#   vmlinuz                 bzImage of linux-image-cloud-amd64 (bookworm, 6.1), for QEMU
+#   vmlinux                 the same kernel as an uncompressed ELF, for Firecracker (images/extract-vmlinux.sh)
+#   initramfs.cpio.gz       base archive (busybox, modules, /init) + a second archive holding only /hearth-agent
+#   rootfs/minimal.ext4     busybox-static root filesystem (tests)
+#   rootfs/debian.ext4      mmdebstrap minbase of trixie with python3, bash, coreutils, ca-certificates, procps
+#   manifest.json           every artifact with its size and sha256, and the kernel release
+#
+# Caching: each artifact has a recipe key (sha256 of the shell functions that build it, the versions of the
+# packages it comes from, and the keys of its inputs) stored under .stamps/. An artifact is rebuilt only when its
+# key changes or the file is missing. Rebuilding the agent rebuilds only the small agent archive.
+#
+# Root filesystems are written to rootfs/versions/<name>-<key>.ext4 and rootfs/<name>.ext4 is a symlink to the
+# current one: QEMU disks are qcow2 overlays whose backing file must never change under them, so a rebuilt
+# template gets a new file and overlays made from the old one keep working. Old versions are kept; delete them
+# when no sandbox uses them.
+#
+# --check   exit 0 iff every artifact is built and current (builds nothing; used by `hearth doctor` and CI)
+# --force   rebuild everything
+#
+# Environment:
+#   HEARTH_IMAGES     output directory (default /var/lib/hearth/images)
+#   HEARTH_AGENT_BIN  use this static agent binary instead of asking images/build-agent.sh
+#   HEARTH_MIRROR     Debian mirror for the trixie rootfs (default http://deb.debian.org/debian)
+#
+# Needs (scripts/install-deps.sh): apt-get, dpkg-deb, kmod (depmod, modprobe), busybox-static, cpio, gzip,
+# e2fsprogs (mkfs.ext4 -d), mmdebstrap, sha256sum. Runs as root (device nodes, mmdebstrap, file ownership).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=${HEARTH_IMAGES:-/var/lib/hearth/images}
+STAMPS=$OUT/.stamps
+WORK=$OUT/.build
+MIRROR=${HEARTH_MIRROR:-http://deb.debian.org/debian}
+
+# Kernel modules the guest needs, in load order (dependencies are added automatically, built-ins skipped).
+GUEST_MODULES="virtio_ring virtio virtio_mmio virtio_blk virtio_console failover net_failover virtio_net \
+vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio-rng overlay"
+DEBIAN_SUITE=trixie
+DEBIAN_PACKAGES="python3,bash,coreutils,ca-certificates,procps"
+DEBIAN_SIZE=2G
+MINIMAL_SIZE=256M
+
+MODE=build
+FORCE=0
+for arg in "$@"; do
+    case "$arg" in
+    --check) MODE=check ;;
+    --force) FORCE=1 ;;
+    -h | --help)
+        sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+        exit 0
+        ;;
+    *)
+        echo "build.sh: unknown argument $arg (try --help)" >&2
+        exit 2
+        ;;
+    esac
+done
+
+log() { printf 'images: %s\n' "$*" >&2; }
+die() {
+    printf 'images: error: %s\n' "$*" >&2
+    exit 1
+}
+
+sha() { sha256sum | cut -c1-64; }
+file_sha() { sha256sum "$1" | cut -c1-64; }
+pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo missing; }
+
+stamp_get() { cat "$STAMPS/$1.key" 2>/dev/null || true; }
+stamp_set() { printf '%s\n' "$2" >"$STAMPS/$1.key"; }
+
+# --- kernel -------------------------------------------------------------------------------------------------
+
+# Prints "<package> <version>" of the concrete 6.1 linux-image package that linux-image-cloud-amd64 depends on.
+resolve_kernel_package() {
+    local meta=linux-image-cloud-amd64 ver dep
+    ver=$(apt-cache policy "$meta" | awk '/Candidate:/ {print $2}')
+    case "$ver" in
+    6.1.*) ;;
+    *) ver=$(apt-cache madison "$meta" | awk '{print $3}' | grep '^6\.1\.' | sort -V | tail -1) ;;
+    esac
+    [ -n "$ver" ] || die "no 6.1 version of $meta in the apt lists (run scripts/install-deps.sh)"
+    dep=$(apt-cache show "$meta=$ver" | awk -F': ' '/^Depends:/ {print $2; exit}' | tr ',' '\n' |
+        grep -o 'linux-image-[^ ]*' | head -1)
+    [ -n "$dep" ] || die "cannot find the linux-image package that $meta $ver depends on"
+    printf '%s %s\n' "$dep" "$ver"
+}
+
+# Downloads and unpacks the kernel package: $WORK/kernel/{vmlinuz,config,release,lib/modules/<release>}.
+build_kernel() {
+    local pkg=$1 ver=$2 tmp rel
+    tmp=$(mktemp -d "$WORK/kernel-dl.XXXXXX")
+    chmod 0755 "$tmp"
+    if id _apt >/dev/null 2>&1; then chown _apt "$tmp"; fi
+    log "kernel: downloading $pkg ($ver)"
+    (cd "$tmp" && apt-get download -q=2 "$pkg=$ver" >&2)
+    dpkg-deb -x "$tmp"/"$pkg"_*.deb "$tmp/root"
+    rel=$(basename "$(ls -d "$tmp"/root/lib/modules/*/ | head -1)")
+    [ -f "$tmp/root/boot/vmlinuz-$rel" ] || die "kernel: no /boot/vmlinuz-$rel in $pkg"
+    rm -rf "$WORK/kernel"
+    mkdir -p "$WORK/kernel/lib/modules"
+    mv "$tmp/root/boot/vmlinuz-$rel" "$WORK/kernel/vmlinuz"
+    mv "$tmp/root/boot/config-$rel" "$WORK/kernel/config"
+    mv "$tmp/root/lib/modules/$rel" "$WORK/kernel/lib/modules/"
+    depmod -b "$WORK/kernel" "$rel"
+    printf '%s\n' "$rel" >"$WORK/kernel/release"
+    rm -rf "$tmp"
+    install -m 0644 "$WORK/kernel/vmlinuz" "$OUT/vmlinuz.tmp"
+    mv -f "$OUT/vmlinuz.tmp" "$OUT/vmlinuz"
+    log "kernel: $rel"
+}
+
+build_vmlinux() {
+    log "vmlinux: extracting the ELF kernel for Firecracker"
+    sh "$HERE/extract-vmlinux.sh" "$OUT/vmlinuz" "$OUT/vmlinux.tmp" >&2
+    mv -f "$OUT/vmlinux.tmp" "$OUT/vmlinux"
+}
+
+# --- initramfs ----------------------------------------------------------------------------------------------
+
+# The guest's /init (busybox sh). Printed to stdout so that its text is part of the base archive's key.
+init_script() {
+    cat <<'INIT'
+#!/bin/sh
+# hearth initramfs: load the virtio modules, mount the sandbox disk, hand over to the agent as PID 1.
+# Any failure prints a reason on the console and powers the VM off, so the host sees the VMM exit.
+export PATH=/bin
+say() { echo "hearth-init: $*"; }
+fail() {
+    echo "hearth-init: FATAL: $*"
+    echo "hearth-init: powering off"
+    sync
+    poweroff -f
+    sleep 2
+    reboot -f
+}
+mount -t proc -o nosuid,nodev,noexec proc /proc || fail "cannot mount /proc"
+mount -t sysfs -o nosuid,nodev,noexec sysfs /sys || fail "cannot mount /sys"
+mount -t devtmpfs -o nosuid devtmpfs /dev || fail "cannot mount /dev"
+say "started ($(uname -r))"
+
+while read -r mod; do
+    insmod "/lib/modules/$mod" || fail "cannot load module $mod"
+done </etc/hearth-modules
+
+root=/dev/vda
+for arg in $(cat /proc/cmdline); do
+    case "$arg" in hearth.root=/dev/*) root=${arg#hearth.root=} ;; esac
+done
+i=0
+while [ ! -b "$root" ]; do
+    i=$((i + 1))
+    [ "$i" -le 400 ] || fail "root disk $root did not appear within 20 s"
+    usleep 50000
+done
+
+mkdir -p /newroot
+mount -t ext4 -o rw,noatime "$root" /newroot || fail "cannot mount $root (ext4) on /newroot"
+[ -d /newroot/run ] || mkdir /newroot/run || fail "no /run on the root disk"
+mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /newroot/run || fail "cannot mount tmpfs on /newroot/run"
+[ -f /hearth-agent ] || fail "the initramfs has no /hearth-agent"
+cp /hearth-agent /newroot/run/hearth-agent && chmod 0755 /newroot/run/hearth-agent ||
+    fail "cannot copy the agent to /newroot/run"
+
+# The agent mounts /proc, /sys and /dev itself.
+umount /dev 2>/dev/null || umount -l /dev
+umount /sys 2>/dev/null || umount -l /sys
+umount /proc 2>/dev/null || umount -l /proc
+say "starting the agent"
+exec switch_root /newroot /run/hearth-agent
+INIT
+}
+
+# Prints the module files (relative to lib/modules/<release>/) for GUEST_MODULES in load order, deduplicated.
+module_files() {
+    local rel=$1 m line
+    for m in $GUEST_MODULES; do
+        modprobe -d "$WORK/kernel" -S "$rel" --show-depends "$m" || die "module $m: not in kernel $rel"
+    done | while read -r line; do
+        case "$line" in
+        insmod\ *) line=${line#insmod } && echo "${line%% *}" ;;
+        builtin\ *) ;;
+        *) die "unexpected modprobe output: $line" ;;
+        esac
+    done | awk '!seen[$0]++'
+}
+
+# Base archive: busybox with its applets, the modules (decompressed, flat in /lib/modules), /init, /dev/console.
+build_base_initramfs() {
+    local rel stage f name mods
+    rel=$(cat "$WORK/kernel/release")
+    mods=$(module_files "$rel")
+    stage=$(mktemp -d "$WORK/base.XXXXXX")
+    mkdir -p "$stage"/{bin,dev,proc,sys,newroot,etc,lib/modules}
+    cp /bin/busybox "$stage/bin/busybox"
+    for f in $(busybox --list); do
+        [ "$f" = busybox ] || ln -s busybox "$stage/bin/$f"
+    done
+    mknod -m 0600 "$stage/dev/console" c 5 1
+    mknod -m 0666 "$stage/dev/null" c 1 3
+    : >"$stage/etc/hearth-modules"
+    for f in $mods; do
+        name=$(basename "$f")
+        case "$name" in
+        *.ko) cp "$f" "$stage/lib/modules/$name" ;;
+        *.ko.xz) name=${name%.xz} && xz -dc "$f" >"$stage/lib/modules/$name" ;;
+        *.ko.zst) name=${name%.zst} && zstd -qdc "$f" >"$stage/lib/modules/$name" ;;
+        *.ko.gz) name=${name%.gz} && gzip -dc "$f" >"$stage/lib/modules/$name" ;;
+        *) die "unknown module format: $f" ;;
+        esac
+        echo "$name" >>"$stage/etc/hearth-modules"
+    done
+    init_script >"$stage/init"
+    chmod 0755 "$stage/init"
+    log "initramfs: base archive with modules: $(tr '\n' ' ' <"$stage/etc/hearth-modules")"
+    (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
+        cpio -o -H newc -R 0:0 --reproducible --quiet) | gzip -9n >"$WORK/base.cpio.gz"
+    rm -rf "$stage"
+}
+
+# Prints the path of the static agent binary.
+agent_binary() {
+    if [ -n "${HEARTH_AGENT_BIN:-}" ]; then
+        printf '%s\n' "$HEARTH_AGENT_BIN"
+    elif [ -x "$HERE/build-agent.sh" ] || [ -f "$HERE/build-agent.sh" ]; then
+        bash "$HERE/build-agent.sh" | tail -1
+    else
+        die "images/build-agent.sh is not there yet and HEARTH_AGENT_BIN is not set: cannot build the agent archive"
+    fi
+}
+
+build_agent_initramfs() {
+    local bin=$1 stage
+    stage=$(mktemp -d "$WORK/agent.XXXXXX")
+    install -m 0755 "$bin" "$stage/hearth-agent"
+    (cd "$stage" && echo hearth-agent | cpio -o -H newc -R 0:0 --reproducible --quiet) | gzip -9n >"$WORK/agent.cpio.gz"
+    rm -rf "$stage"
+}
+
+assemble_initramfs() {
+    cat "$WORK/base.cpio.gz" "$WORK/agent.cpio.gz" >"$OUT/initramfs.cpio.gz.tmp"
+    mv -f "$OUT/initramfs.cpio.gz.tmp" "$OUT/initramfs.cpio.gz"
+}
+
+# --- root filesystems ---------------------------------------------------------------------------------------
+
+# Directories and files every hearth root filesystem has.
+rootfs_common() {
+    local dir=$1
+    mkdir -p "$dir"/{run,tmp,root,proc,sys,dev,etc}
+    chmod 1777 "$dir/tmp"
+    chmod 0700 "$dir/root"
+    printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$dir/etc/hosts"
+    # Each sandbox gets its own identity at boot; the template carries none.
+    : >"$dir/etc/machine-id"
+}
+
+# Turns a directory into a sparse ext4 image of the given virtual size at $OUT/rootfs/versions/<name>-<key>.ext4
+# and points rootfs/<name>.ext4 at it.
+make_ext4() {
+    local name=$1 dir=$2 size=$3 key=$4 file
+    mkdir -p "$OUT/rootfs/versions"
+    file="$OUT/rootfs/versions/$name-${key:0:12}.ext4"
+    rm -f "$file.tmp"
+    truncate -s "$size" "$file.tmp"
+    mkfs.ext4 -q -F -L "hearth-$name" -E root_owner=0:0 -d "$dir" "$file.tmp" >&2
+    chmod 0444 "$file.tmp"
+    mv -f "$file.tmp" "$file"
+    ln -sfn "versions/$(basename "$file")" "$OUT/rootfs/$name.ext4.tmp"
+    mv -fT "$OUT/rootfs/$name.ext4.tmp" "$OUT/rootfs/$name.ext4"
+}
+
+build_rootfs_minimal() {
+    local key=$1 dir f
+    dir=$(mktemp -d "$WORK/minimal.XXXXXX")
+    mkdir -p "$dir"/{bin,sbin,usr/bin,usr/sbin}
+    cp /bin/busybox "$dir/bin/busybox"
+    for f in $(busybox --list-full); do
+        [ -e "$dir/$f" ] || ln -s /bin/busybox "$dir/$f"
+    done
+    rootfs_common "$dir"
+    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$dir/etc/passwd"
+    printf 'root:x:0:\nnogroup:x:65534:\n' >"$dir/etc/group"
+    make_ext4 minimal "$dir" "$MINIMAL_SIZE" "$key"
+    rm -rf "$dir"
+}
+
+build_rootfs_debian() {
+    local key=$1 dir
+    dir=$(mktemp -d "$WORK/debian.XXXXXX")
+    log "rootfs debian: mmdebstrap $DEBIAN_SUITE (minbase + $DEBIAN_PACKAGES); this takes a few minutes"
+    mmdebstrap --quiet --mode=root --variant=minbase --include="$DEBIAN_PACKAGES" \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-exclude=/usr/share/info/*' \
+        --customize-hook='chroot "$1" dpkg-query -W -f="\${Package} \${Version}\n" > "$1/etc/hearth-packages"' \
+        --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/log/*.log' \
+        "$DEBIAN_SUITE" "$dir" "$MIRROR" >&2
+    rootfs_common "$dir"
+    echo hearth >"$dir/etc/hostname"
+    make_ext4 debian "$dir" "$DEBIAN_SIZE" "$key"
+    rm -rf "$dir"
+}
+
+# --- manifest -----------------------------------------------------------------------------------------------
+
+write_manifest() {
+    local rel first=1 a path size digest
+    rel=$(cat "$WORK/kernel/release")
+    {
+        printf '{\n  "kernel_release": "%s",\n  "kernel_package": "%s",\n  "artifacts": [' "$rel" "$(stamp_get kernel-package)"
+        for a in vmlinuz vmlinux initramfs.cpio.gz rootfs/minimal.ext4 rootfs/debian.ext4; do
+            path=$OUT/$a
+            [ -e "$path" ] || continue
+            size=$(stat -L -c %s "$path")
+            digest=$(cat "$STAMPS/$(echo "$a" | tr / _).sha256" 2>/dev/null || file_sha "$path")
+            [ "$first" = 1 ] || printf ','
+            first=0
+            printf '\n    {"name": "%s", "path": "%s", "resolved": "%s", "size": %s, "sha256": "%s"}' \
+                "$a" "$path" "$(readlink -f "$path")" "$size" "$digest"
+        done
+        printf '\n  ]\n}\n'
+    } >"$OUT/manifest.json.tmp"
+    mv -f "$OUT/manifest.json.tmp" "$OUT/manifest.json"
+}
+
+record_sha() { file_sha "$OUT/$1" >"$STAMPS/$(echo "$1" | tr / _).sha256"; }
+
+# --- driver -------------------------------------------------------------------------------------------------
+
+fn_key() { declare -f "$@" | sha; }
+
+STALE=()
+# needs NAME KEY FILE...: true when NAME must be (re)built.
+needs() {
+    local name=$1 key=$2 f
+    shift 2
+    [ "$FORCE" = 0 ] || return 0
+    [ "$(stamp_get "$name")" = "$key" ] || return 0
+    for f in "$@"; do [ -e "$f" ] || return 0; done
+    return 1
+}
+# step NAME KEY FILES...: in check mode records a stale artifact, in build mode tells the caller to build it.
+step() {
+    if needs "$@"; then
+        if [ "$MODE" = check ]; then
+            STALE+=("$1")
+            return 1
+        fi
+        return 0
+    fi
+    return 1
+}
+
+main() {
+    [ "$(id -u)" -eq 0 ] || die "run as root (device nodes in the initramfs, mmdebstrap, file ownership)"
+    mkdir -p "$OUT/rootfs" "$STAMPS" "$WORK"
+    local kpkg kver kkey vkey bkey abin akey ikey mkey dkey changed=0 t0
+    t0=$(date +%s)
+
+    local kernel_line
+    kernel_line=$(resolve_kernel_package)
+    read -r kpkg kver <<<"$kernel_line"
+    kkey=$(printf '%s %s %s' "$kpkg" "$kver" "$(fn_key build_kernel)" | sha)
+    if step kernel "$kkey" "$OUT/vmlinuz" "$WORK/kernel/release"; then
+        build_kernel "$kpkg" "$kver"
+        stamp_set kernel-package "$kpkg $kver"
+        record_sha vmlinuz
+        stamp_set kernel "$kkey"
+        changed=1
+    fi
+
+    if [ -f "$HERE/extract-vmlinux.sh" ]; then
+        vkey=$(printf '%s %s' "$kkey" "$(file_sha "$HERE/extract-vmlinux.sh")" | sha)
+        if step vmlinux "$vkey" "$OUT/vmlinux"; then
+            build_vmlinux
+            record_sha vmlinux
+            stamp_set vmlinux "$vkey"
+            changed=1
+        fi
+    else
+        log "vmlinux: skipped, images/extract-vmlinux.sh is not there yet (Firecracker needs it; QEMU does not)"
+    fi
+
+    bkey=$(printf '%s %s %s %s' "$kkey" "$GUEST_MODULES" "$(pkg_version busybox-static)" \
+        "$(fn_key init_script module_files build_base_initramfs)" | sha)
+    if step initramfs-base "$bkey" "$WORK/base.cpio.gz"; then
+        build_base_initramfs
+        stamp_set initramfs-base "$bkey"
+    fi
+
+    abin=$(agent_binary)
+    [ -f "$abin" ] || die "agent binary $abin does not exist"
+    akey=$(printf '%s %s' "$(file_sha "$abin")" "$(fn_key build_agent_initramfs)" | sha)
+    if step initramfs-agent "$akey" "$WORK/agent.cpio.gz"; then
+        log "initramfs: agent archive from $abin"
+        build_agent_initramfs "$abin"
+        stamp_set initramfs-agent "$akey"
+    fi
+
+    ikey=$(printf '%s %s %s' "$bkey" "$akey" "$(fn_key assemble_initramfs)" | sha)
+    if step initramfs "$ikey" "$OUT/initramfs.cpio.gz"; then
+        assemble_initramfs
+        record_sha initramfs.cpio.gz
+        stamp_set initramfs "$ikey"
+        log "initramfs: $(stat -c %s "$OUT/initramfs.cpio.gz") bytes"
+        changed=1
+    fi
+
+    mkey=$(printf '%s %s %s' "$(pkg_version busybox-static)" "$MINIMAL_SIZE" \
+        "$(fn_key rootfs_common make_ext4 build_rootfs_minimal)" | sha)
+    if step rootfs-minimal "$mkey" "$OUT/rootfs/minimal.ext4"; then
+        log "rootfs minimal: busybox"
+        build_rootfs_minimal "$mkey"
+        record_sha rootfs/minimal.ext4
+        stamp_set rootfs-minimal "$mkey"
+        changed=1
+    fi
+
+    dkey=$(printf '%s %s %s %s %s' "$DEBIAN_SUITE" "$DEBIAN_PACKAGES" "$DEBIAN_SIZE" "$MIRROR" \
+        "$(fn_key rootfs_common make_ext4 build_rootfs_debian)" | sha)
+    if step rootfs-debian "$dkey" "$OUT/rootfs/debian.ext4"; then
+        build_rootfs_debian "$dkey"
+        record_sha rootfs/debian.ext4
+        stamp_set rootfs-debian "$dkey"
+        changed=1
+    fi
+
+    if [ "$MODE" = check ]; then
+        [ -f "$OUT/manifest.json" ] || STALE+=(manifest.json)
+        if [ "${#STALE[@]}" -gt 0 ]; then
+            log "not current: ${STALE[*]} (run images/build.sh)"
+            exit 1
+        fi
+        log "all artifacts in $OUT are built and current"
+        exit 0
+    fi
+
+    if [ "$changed" = 1 ] || [ ! -f "$OUT/manifest.json" ]; then write_manifest; fi
+    log "done in $(($(date +%s) - t0)) s: $OUT (kernel $(cat "$WORK/kernel/release"))"
+}
+
+main
