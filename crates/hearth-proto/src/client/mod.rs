@@ -1,0 +1,485 @@
+//! The host side of the agent channel (feature `client`).
+//!
+//! [`AgentClient::connect`] performs the `Hello` handshake on any byte stream (the QEMU virtio-serial Unix
+//! socket, or a Firecracker vsock socket after `CONNECT`), then runs two background tasks: a reader that
+//! dispatches frames by stream id and a writer. The client is `Clone` (an `Arc` inside); the tasks stop when
+//! the last clone and the last handle derived from it are dropped.
+//!
+//! Operations (each opens its own stream):
+//! - [`AgentClient::ping`]
+//! - [`AgentClient::exec`] -> [`ExecHandle`] (events: [`ExecEvent`]; stdin: [`StdinWriter`]);
+//!   [`AgentClient::spawn_background`], [`AgentClient::list_processes`], [`AgentClient::wait_process`],
+//!   [`AgentClient::wait_process_timeout`], [`AgentClient::kill_process`], [`AgentClient::write_stdin`]
+//! - [`AgentClient::read_file`] -> ([`FileInfo`], [`FileReader`]), [`AgentClient::write_file`],
+//!   [`AgentClient::stat`], [`AgentClient::list_dir`], [`AgentClient::mkdir`], [`AgentClient::remove`],
+//!   [`AgentClient::rename`]
+//!
+//! Everything from the guest is treated as hostile: frames are bounded by the decoder, frames for unknown
+//! streams are ignored, a guest exceeding its credit, sending malformed headers or flooding a stream with
+//! messages closes the connection with [`ClientError::Protocol`]; lists and tails are capped.
+
+mod ops;
+mod stream;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::task::AbortHandle;
+
+pub use ops::{ExecEvent, ExecHandle, FileReader, ProcExit, StdinWriter};
+pub use stream::StreamRx;
+
+use crate::frame::{FrameError, encode};
+use crate::io::{CreditWindow, FrameReader, Outbox, RecvWindow, write_loop};
+use crate::msg::{ErrorKind, FileInfo, GuestMsg, Header, HostMsg};
+use crate::{CONTROL_STREAM, PROTOCOL_VERSION};
+
+/// Most messages queued on one stream that its consumer has not taken yet.
+const MAX_PENDING_MSGS: usize = 4096;
+
+/// Errors of the host side of the agent channel.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The connection to the agent is gone.
+    #[error("agent connection closed")]
+    Closed,
+    /// The handshake did not complete in time.
+    #[error("agent did not answer in time")]
+    Timeout,
+    /// The guest broke the protocol; the connection was closed.
+    #[error("agent protocol error: {0}")]
+    Protocol(String),
+    /// The agent speaks another protocol version.
+    #[error("agent speaks protocol version {agent}, host speaks {host}")]
+    VersionMismatch { host: u32, agent: u32 },
+    /// The agent refused or failed the request.
+    #[error("{kind}: {message}")]
+    Guest { kind: ErrorKind, message: String },
+    /// The request does not fit in a frame (e.g. an argv or env larger than 64 KiB of JSON).
+    #[error("request too large: {0}")]
+    RequestTooLarge(String),
+    /// The stream ended before the data could be sent (e.g. the process exited, or its stdin is closed).
+    #[error("stream ended")]
+    StreamEnded,
+    /// The body stream given to `write_file` failed.
+    #[error("request body: {0}")]
+    Body(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl ClientError {
+    /// The guest's error kind, if this is a guest-reported error.
+    pub fn guest_kind(&self) -> Option<ErrorKind> {
+        match self {
+            ClientError::Guest { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+}
+
+/// Host handle on one agent connection. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentClient {
+    shared: Arc<Shared>,
+    _tasks: Arc<Tasks>,
+}
+
+impl std::fmt::Debug for AgentClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentClient")
+            .field("agent_version", &self.shared.agent_version)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+/// Aborts the reader and writer when the last client clone goes away.
+struct Tasks {
+    reader: AbortHandle,
+    writer: AbortHandle,
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+/// Where the reader task delivers a stream's messages.
+pub(crate) struct Route {
+    pub(crate) tx: tokio::sync::mpsc::UnboundedSender<(GuestMsg, Bytes)>,
+    pub(crate) recv: Arc<RecvWindow>,
+    pub(crate) send: Arc<CreditWindow>,
+    pub(crate) pending: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) out: Outbox,
+    routes: Mutex<HashMap<u32, Route>>,
+    next_stream: AtomicU32,
+    closed: AtomicBool,
+    close_reason: Mutex<Option<String>>,
+    writer: Mutex<Option<AbortHandle>>,
+    agent_version: String,
+}
+
+impl Shared {
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Route>> {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Close the connection: fail every open stream, stop the writer.
+    fn close(&self, reason: Option<String>) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        *self.close_reason.lock().unwrap_or_else(|p| p.into_inner()) = reason;
+        let routes: Vec<Route> = self.routes().drain().map(|(_, r)| r).collect();
+        for r in routes {
+            r.send.close();
+        }
+        if let Some(w) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            w.abort();
+        }
+    }
+
+    /// The error an operation reports once the connection is closed.
+    pub(crate) fn closed_error(&self) -> ClientError {
+        match self
+            .close_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            Some(reason) => ClientError::Protocol(reason),
+            None => ClientError::Closed,
+        }
+    }
+
+    pub(crate) fn remove_route(&self, id: u32) {
+        if let Some(r) = self.routes().remove(&id) {
+            r.send.close();
+        }
+    }
+}
+
+fn new_nonce() -> u64 {
+    // Unique per connection attempt; not a secret (it only tells our HelloOk from a stale one).
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.finish()
+}
+
+impl AgentClient {
+    /// Say `Hello` on `stream` and wait (at most `timeout`) for the matching `HelloOk`.
+    pub async fn connect<S>(stream: S, timeout: Duration) -> Result<Self, ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let (rd, mut wr) = tokio::io::split(stream);
+        let mut reader = FrameReader::new(rd);
+        let nonce = new_nonce();
+        let agent_version = tokio::time::timeout(timeout, async {
+            let hello = HostMsg::Hello {
+                version: PROTOCOL_VERSION,
+                nonce,
+            };
+            let frame = encode(CONTROL_STREAM, &hello, Bytes::new())
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            wr.write_all(&frame.to_vec()).await?;
+            wr.flush().await?;
+            handshake_reply(&mut reader, nonce).await
+        })
+        .await
+        .map_err(|_| ClientError::Timeout)??;
+
+        let (out, out_rx) = Outbox::new();
+        let shared = Arc::new(Shared {
+            out,
+            routes: Mutex::new(HashMap::new()),
+            next_stream: AtomicU32::new(1),
+            closed: AtomicBool::new(false),
+            close_reason: Mutex::new(None),
+            writer: Mutex::new(None),
+            agent_version,
+        });
+        let s = shared.clone();
+        let writer = tokio::spawn(async move {
+            // A write error means the transport is gone: the same as a clean close for the callers.
+            let _ = write_loop(wr, out_rx).await;
+            s.close(None);
+        });
+        *shared.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(writer.abort_handle());
+        let s = shared.clone();
+        let reader = tokio::spawn(async move { read_loop(reader, s).await });
+        let tasks = Arc::new(Tasks {
+            reader: reader.abort_handle(),
+            writer: writer.abort_handle(),
+        });
+        Ok(AgentClient {
+            shared,
+            _tasks: tasks,
+        })
+    }
+
+    /// The agent's self-reported version string (untrusted, for display).
+    pub fn agent_version(&self) -> &str {
+        &self.shared.agent_version
+    }
+
+    /// True once the connection is lost (reconnect with a new stream and [`AgentClient::connect`]).
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::SeqCst)
+    }
+
+    /// Why the connection was closed, when it was closed for a protocol violation.
+    pub fn close_reason(&self) -> Option<String> {
+        self.shared
+            .close_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Close the connection now; open streams fail with [`ClientError::Closed`].
+    pub fn close(&self) {
+        self.shared.close(None);
+    }
+
+    /// Open a stream with a request; `data` is the request frame's data section.
+    pub(crate) fn open(&self, msg: &HostMsg, data: Bytes) -> Result<StreamRx, ClientError> {
+        if self.is_closed() {
+            return Err(self.shared.closed_error());
+        }
+        let id = self.shared.next_stream.fetch_add(2, Ordering::SeqCst);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let route = Route {
+            tx,
+            recv: Arc::new(RecvWindow::new()),
+            send: Arc::new(CreditWindow::new()),
+            pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        };
+        let rx = StreamRx::new(self.clone(), id, rx, &route);
+        self.shared.routes().insert(id, route);
+        if let Err(e) = self.shared.out.send(id, msg, data) {
+            rx.finish();
+            return Err(match e {
+                crate::io::SendError::Closed(_) => self.shared.closed_error(),
+                crate::io::SendError::Encode(e) => ClientError::RequestTooLarge(e.to_string()),
+            });
+        }
+        Ok(rx)
+    }
+}
+
+async fn handshake_reply<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    nonce: u64,
+) -> Result<String, ClientError> {
+    loop {
+        let frame = match reader.next().await? {
+            None => return Err(ClientError::Closed),
+            // Leftovers of an earlier session on a reused channel: skip them.
+            Some(Err(_)) => continue,
+            Some(Ok(f)) => f,
+        };
+        let Ok(Header { stream, msg }) = frame.parse::<GuestMsg>() else {
+            continue;
+        };
+        if stream != CONTROL_STREAM {
+            continue;
+        }
+        match msg {
+            GuestMsg::HelloOk {
+                version,
+                agent_version,
+                nonce: n,
+            } if n == nonce => {
+                if version != PROTOCOL_VERSION {
+                    return Err(ClientError::VersionMismatch {
+                        host: PROTOCOL_VERSION,
+                        agent: version,
+                    });
+                }
+                let mut v = agent_version;
+                v.truncate(v.floor_char_boundary(128));
+                return Ok(v);
+            }
+            GuestMsg::Error {
+                kind: ErrorKind::VersionMismatch,
+                message,
+            } => {
+                let agent = parse_agent_version(&message).unwrap_or(0);
+                return Err(ClientError::VersionMismatch {
+                    host: PROTOCOL_VERSION,
+                    agent,
+                });
+            }
+            _ => continue,
+        }
+    }
+}
+
+/// The agent's version-mismatch message ends with `agent speaks N`.
+fn parse_agent_version(message: &str) -> Option<u32> {
+    message.rsplit(' ').next()?.parse().ok()
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, shared: Arc<Shared>) {
+    let reason = loop {
+        let frame = match reader.next().await {
+            Err(_) | Ok(None) => break None,
+            Ok(Some(Err(FrameError::Garbage(_)))) => continue,
+            Ok(Some(Err(e))) => break Some(e.to_string()),
+            Ok(Some(Ok(f))) => f,
+        };
+        let Header { stream, msg } = match frame.parse::<GuestMsg>() {
+            Ok(h) => h,
+            Err(e) => break Some(format!("malformed frame header: {e}")),
+        };
+        if let Err(reason) = dispatch(&shared, stream, msg, frame.data) {
+            break Some(reason);
+        }
+    };
+    shared.close(reason);
+}
+
+/// Route one guest message; an `Err` is a protocol violation that closes the connection.
+fn dispatch(shared: &Shared, stream: u32, msg: GuestMsg, data: Bytes) -> Result<(), String> {
+    if !data.is_empty() && !msg.carries_data() {
+        return Err(format!(
+            "stream {stream}: data attached to a message that carries none"
+        ));
+    }
+    let mut routes = shared.routes();
+    let Some(route) = routes.get(&stream) else {
+        // Unknown or finished stream (abandoned requests, stale sessions): ignore.
+        return Ok(());
+    };
+    if let GuestMsg::Credit { bytes } = msg {
+        route.send.grant(bytes);
+        return Ok(());
+    }
+    if msg.carries_data() {
+        route
+            .recv
+            .on_receive(data.len() as u64)
+            .map_err(|e| format!("stream {stream}: {e}"))?;
+    }
+    if route.pending.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_MSGS {
+        return Err(format!(
+            "stream {stream}: more than {MAX_PENDING_MSGS} unconsumed messages"
+        ));
+    }
+    let terminal = msg.is_terminal();
+    let delivered = route.tx.send((msg, data)).is_ok();
+    if (terminal || !delivered)
+        && let Some(r) = routes.remove(&stream)
+    {
+        r.send.close();
+    }
+    Ok(())
+}
+
+impl AgentClient {
+    /// Round trip to the agent.
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        match self.call(&HostMsg::Ping, Bytes::new()).await? {
+            GuestMsg::Pong => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Metadata of `path` (a final symlink is not followed).
+    pub async fn stat(&self, path: &str) -> Result<FileInfo, ClientError> {
+        match self
+            .call(
+                &HostMsg::Stat {
+                    path: path.to_owned(),
+                },
+                Bytes::new(),
+            )
+            .await?
+        {
+            GuestMsg::Stat { info } => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Create a directory (and its missing parents with `parents`).
+    pub async fn mkdir(&self, path: &str, parents: bool) -> Result<(), ClientError> {
+        self.call_ok(&HostMsg::Mkdir {
+            path: path.to_owned(),
+            parents,
+        })
+        .await
+    }
+
+    /// Remove a file, symlink or directory (non-empty ones only with `recursive`).
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), ClientError> {
+        self.call_ok(&HostMsg::Remove {
+            path: path.to_owned(),
+            recursive,
+        })
+        .await
+    }
+
+    /// Rename `from` to `to`.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<(), ClientError> {
+        self.call_ok(&HostMsg::Rename {
+            from: from.to_owned(),
+            to: to.to_owned(),
+        })
+        .await
+    }
+
+    /// Send `signal` to the process group of `pid`.
+    pub async fn kill_process(&self, pid: u32, signal: i32) -> Result<(), ClientError> {
+        self.call_ok(&HostMsg::KillProc { pid, signal }).await
+    }
+
+    /// A request answered by one terminal message; guest errors become [`ClientError::Guest`].
+    pub(crate) async fn call(&self, msg: &HostMsg, data: Bytes) -> Result<GuestMsg, ClientError> {
+        let mut rx = self.open(msg, data)?;
+        let (msg, _) = rx.recv().await?;
+        rx.finish();
+        into_result(msg)
+    }
+
+    async fn call_ok(&self, msg: &HostMsg) -> Result<(), ClientError> {
+        match self.call(msg, Bytes::new()).await? {
+            GuestMsg::Ok => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// Turn a guest `Error` into [`ClientError::Guest`].
+pub(crate) fn into_result(msg: GuestMsg) -> Result<GuestMsg, ClientError> {
+    match msg {
+        GuestMsg::Error { kind, mut message } => {
+            message.truncate(message.floor_char_boundary(4096));
+            Err(ClientError::Guest { kind, message })
+        }
+        other => Ok(other),
+    }
+}
+
+/// A well-formed message that makes no sense at this point of the stream.
+pub(crate) fn unexpected(msg: &GuestMsg) -> ClientError {
+    let mut s = format!("{msg:?}");
+    s.truncate(s.floor_char_boundary(200));
+    ClientError::Protocol(format!("unexpected message {s}"))
+}
