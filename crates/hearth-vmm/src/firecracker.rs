@@ -1,1 +1,468 @@
+//! Firecracker driver: one `firecracker` process per VM, configured over its REST API on a Unix socket.
+//!
+//! # Layout
+//! - this file: [`FirecrackerVmm`], the [`Vmm`] implementation (disk, start/configure, agent, stop, adopt);
+//! - [`api`]: typed client for Firecracker's API (every route one [`api::Request`] variant), including
+//!   pause/resume and snapshot create/load;
+//! - `http`: the small HTTP/1.1 client under it;
+//! - `process`: detached spawn, readiness wait, identity checks, SIGTERM/SIGKILL;
+//! - `vsock`: the `CONNECT <port>` handshake on Firecracker's vsock socket;
+//! - [`jailer`]: the optional jailer (chroot, uid/gid, cgroups).
+//!
+//! # Files in the run directory
+//! `fc.sock` (API), `vsock.sock` (agent channel), `firecracker.log` (Firecracker's stdio: its log and the
+//! guest's serial console), `firecracker.pid`; with the jailer, `jail/` (the chroot) and the two sockets are
+//! symlinks into it.
 
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::net::UnixStream;
+
+use crate::{Accel, VmHandle, VmSpec, Vmm, VmmError, VmmKind};
+
+pub mod api;
+mod http;
+pub mod jailer;
+mod process;
+mod vsock;
+
+pub use api::ApiClient;
+pub use jailer::{CgroupVersion, JailerConfig};
+
+use process::ProcessId;
+
+/// Where `scripts/install-deps.sh` installs the binaries.
+pub const DEFAULT_BINARY: &str = "/opt/hearth/firecracker/firecracker";
+pub const DEFAULT_JAILER: &str = "/opt/hearth/firecracker/jailer";
+
+/// File names in the run directory.
+pub const API_SOCKET: &str = "fc.sock";
+pub const VSOCK_SOCKET: &str = "vsock.sock";
+pub const LOG_FILE: &str = "firecracker.log";
+pub const PID_FILE: &str = "firecracker.pid";
+const JAIL_DIR: &str = "jail";
+
+/// Guest vsock port the agent listens on, and the guest's context id.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+pub const GUEST_CID: u32 = 3;
+
+/// Drive id of the sandbox disk (the initramfs mounts it; it is not the kernel's root device).
+const ROOT_DRIVE: &str = "rootfs";
+
+/// Timeouts of the driver's steps.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// From spawn until the API socket accepts connections.
+    pub api_socket: Duration,
+    /// Each API call (snapshot calls get more, see [`api`]).
+    pub api_call: Duration,
+    /// The vsock handshake in [`Vmm::connect_agent`].
+    pub agent_handshake: Duration,
+    /// Between SIGTERM and SIGKILL in [`Vmm::stop`].
+    pub stop_grace: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            api_socket: Duration::from_secs(5),
+            api_call: Duration::from_secs(10),
+            agent_handshake: Duration::from_secs(2),
+            stop_grace: Duration::from_secs(3),
+        }
+    }
+}
+
+/// The Firecracker [`Vmm`].
+#[derive(Debug, Clone)]
+pub struct FirecrackerVmm {
+    binary: PathBuf,
+    version: String,
+    jailer: Option<JailerConfig>,
+    timeouts: Timeouts,
+}
+
+impl FirecrackerVmm {
+    /// Uses the Firecracker binary at `binary` (checked by running `--version`).
+    pub fn new(binary: impl Into<PathBuf>) -> Result<Self, VmmError> {
+        let binary = binary.into();
+        let missing = |detail: String| VmmError::BinaryMissing {
+            binary: binary.display().to_string(),
+            detail,
+        };
+        let out = std::process::Command::new(&binary)
+            .arg("--version")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| missing(e.to_string()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let version = stdout
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with("Firecracker v"))
+            .ok_or_else(|| missing(format!("unexpected --version output {:?}", stdout.trim())))?
+            .to_string();
+        Ok(Self {
+            binary,
+            version,
+            jailer: None,
+            timeouts: Timeouts::default(),
+        })
+    }
+
+    /// Runs every VM under the jailer.
+    pub fn with_jailer(mut self, jailer: JailerConfig) -> Self {
+        self.jailer = Some(jailer);
+        self
+    }
+
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// Typed API client for a VM's socket (pause, resume, snapshots).
+    pub fn api(&self, run_dir: &Path) -> ApiClient {
+        ApiClient::new(run_dir.join(API_SOCKET), self.timeouts.api_call)
+    }
+
+    /// Firecracker (and the jailer) accept ids of `[A-Za-z0-9-]`, at most 64 characters; sandbox ids look like
+    /// `sbx_<hex>`, so anything else becomes `-`.
+    pub fn instance_id(id: &str) -> String {
+        id.chars()
+            .take(64)
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect()
+    }
+
+    fn boot_args(hostname: &str) -> String {
+        format!(
+            "console=ttyS0 reboot=k panic=-1 pci=off quiet hearth.transport=vsock \
+             hearth.vsock_port={AGENT_VSOCK_PORT} hearth.hostname={hostname}"
+        )
+    }
+
+    /// Spawns Firecracker (directly or jailed) and returns it with the paths Firecracker must be given.
+    fn spawn(&self, spec: &VmSpec, iid: &str) -> Result<(ProcessId, GuestPaths), VmmError> {
+        let run = &spec.run_dir;
+        let log = run.join(LOG_FILE);
+        let start_failed = |detail: String| VmmError::StartFailed {
+            id: spec.id.clone(),
+            detail,
+        };
+        let (program, args, paths): (&Path, Vec<OsString>, GuestPaths) = match &self.jailer {
+            None => (
+                &self.binary,
+                vec![
+                    "--api-sock".into(),
+                    run.join(API_SOCKET).into(),
+                    "--id".into(),
+                    iid.into(),
+                ],
+                GuestPaths {
+                    kernel: spec.images.vmlinux.clone(),
+                    initramfs: spec.images.initramfs.clone(),
+                    disk: spec.disk.clone(),
+                    vsock: run.join(VSOCK_SOCKET),
+                },
+            ),
+            Some(cfg) => {
+                let jail = jailer::Jail::new(run, &self.binary, iid);
+                jail.populate(cfg, &spec.images.vmlinux, &spec.images.initramfs, &spec.disk)
+                    .and_then(|()| jail.link_sockets(&run.join(API_SOCKET), &run.join(VSOCK_SOCKET)))
+                    .map_err(|e| start_failed(format!("preparing the jail: {e}")))?;
+                let args = jail
+                    .args(cfg, &self.binary, iid, &["--api-sock", jailer::API_SOCKET])
+                    .map_err(|e| start_failed(e.to_string()))?;
+                let paths = GuestPaths {
+                    kernel: jailer::KERNEL.into(),
+                    initramfs: jailer::INITRAMFS.into(),
+                    disk: jailer::DISK.into(),
+                    vsock: jailer::VSOCK_SOCKET.into(),
+                };
+                (&cfg.jailer, args, paths)
+            }
+        };
+        let proc_id =
+            process::spawn_detached(program, &args, &log).map_err(|e| start_failed(e.to_string()))?;
+        Ok((proc_id, paths))
+    }
+
+    /// Everything after the API socket is up: machine, boot source, disk, vsock, entropy, start.
+    async fn configure(
+        &self,
+        api: &ApiClient,
+        spec: &VmSpec,
+        paths: &GuestPaths,
+    ) -> Result<(), api::ApiError> {
+        api.put_machine_config(api::MachineConfig {
+            vcpu_count: spec.vcpus,
+            mem_size_mib: spec.memory_mib,
+            smt: None,
+            track_dirty_pages: None,
+        })
+        .await?;
+        api.put_boot_source(api::BootSource {
+            kernel_image_path: paths.kernel.clone(),
+            initrd_path: Some(paths.initramfs.clone()),
+            boot_args: Some(Self::boot_args(&spec.hostname)),
+        })
+        .await?;
+        api.put_drive(api::Drive {
+            drive_id: ROOT_DRIVE.into(),
+            path_on_host: paths.disk.clone(),
+            is_root_device: false,
+            is_read_only: false,
+        })
+        .await?;
+        api.put_vsock(api::Vsock {
+            guest_cid: GUEST_CID,
+            uds_path: paths.vsock.clone(),
+        })
+        .await?;
+        // virtio-rng: the guest can reseed from the host (clones need fresh entropy, promise 10).
+        api.send(&api::Request::Entropy).await?;
+        api.instance_start().await
+    }
+
+    /// Removes what `start` created in the run directory (never the disk or the directory itself).
+    fn remove_run_files(run: &Path) {
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE] {
+            let _ = std::fs::remove_file(run.join(name));
+        }
+        let _ = std::fs::remove_dir_all(run.join(JAIL_DIR));
+    }
+
+    /// Removes the cgroups the jailer made for a VM whose process is gone.
+    fn remove_cgroups(&self, run_dir: &Path) {
+        let Some(cfg) = &self.jailer else { return };
+        let Some(iid) = jailed_instance_id(run_dir, &self.binary) else {
+            return;
+        };
+        for dir in jailer::Jail::cgroup_dirs(cfg, &self.binary, &iid) {
+            // Only empty cgroups can be removed, which is what we want: ENOENT/EBUSY are ignored.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+
+    fn proc_id(vm: &VmHandle) -> ProcessId {
+        ProcessId {
+            pid: vm.pid,
+            start_ticks: vm.start_ticks,
+        }
+    }
+
+    /// Whether `exe` is the Firecracker binary this driver starts. A jailed Firecracker runs in its own
+    /// mount namespace, where the binary is `/<exec name>` at the root of the chroot.
+    fn is_our_exe(&self, exe: &Path) -> bool {
+        if exe == self.binary || std::fs::canonicalize(&self.binary).is_ok_and(|b| b == exe) {
+            return true;
+        }
+        self.jailer.is_some()
+            && self
+                .binary
+                .file_name()
+                .is_some_and(|name| exe == Path::new("/").join(name))
+    }
+}
+
+/// Paths handed to Firecracker (host paths, or paths inside the chroot when jailed).
+struct GuestPaths {
+    kernel: PathBuf,
+    initramfs: PathBuf,
+    disk: PathBuf,
+    vsock: PathBuf,
+}
+
+/// The instance id of a jailed VM, read back from `<run>/jail/<exec name>/<id>`.
+fn jailed_instance_id(run_dir: &Path, binary: &Path) -> Option<String> {
+    let dir = run_dir.join(JAIL_DIR).join(binary.file_name()?);
+    let mut ids = std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok());
+    let first = ids.next()?.file_name().into_string().ok()?;
+    Some(first)
+}
+
+#[async_trait::async_trait]
+impl Vmm for FirecrackerVmm {
+    fn kind(&self) -> VmmKind {
+        VmmKind::Firecracker
+    }
+
+    fn accel(&self) -> Accel {
+        Accel::Kvm
+    }
+
+    fn version(&self) -> String {
+        self.version.clone()
+    }
+
+    async fn prepare_disk(&self, base: &Path, dest_dir: &Path) -> Result<PathBuf, VmmError> {
+        let dest = dest_dir.join("disk.ext4");
+        let out = tokio::process::Command::new("cp")
+            .args(["--reflink=auto", "--sparse=always", "--"])
+            .arg(base)
+            .arg(&dest)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| VmmError::Disk {
+                path: dest.clone(),
+                detail: format!("running cp: {e}"),
+            })?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&dest);
+            return Err(VmmError::Disk {
+                path: dest,
+                detail: format!(
+                    "cp from {} failed ({}): {}",
+                    base.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(dest)
+    }
+
+    async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError> {
+        let run = &spec.run_dir;
+        let start_failed = |detail: String| VmmError::StartFailed {
+            id: spec.id.clone(),
+            detail,
+        };
+        if !spec
+            .hostname
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            || spec.hostname.is_empty()
+        {
+            return Err(start_failed(format!("invalid hostname {:?}", spec.hostname)));
+        }
+        if !run.is_dir() {
+            return Err(start_failed(format!("run directory {} missing", run.display())));
+        }
+        // Leftovers of an earlier run would make Firecracker refuse to bind its sockets.
+        Self::remove_run_files(run);
+
+        let iid = Self::instance_id(&spec.id);
+        let spawned_at = Instant::now();
+        let (proc_id, paths) = match self.spawn(spec, &iid) {
+            Ok(v) => v,
+            Err(e) => {
+                Self::remove_run_files(run);
+                return Err(e);
+            }
+        };
+        let fail = |err: VmmError| async move {
+            let _ = process::terminate(proc_id, Duration::ZERO).await;
+            self.remove_cgroups(run);
+            Self::remove_run_files(run);
+            Err(err)
+        };
+
+        let log = run.join(LOG_FILE);
+        if let Err(e) =
+            process::wait_for_socket(proc_id, &run.join(API_SOCKET), &log, self.timeouts.api_socket).await
+        {
+            return fail(start_failed(e.to_string())).await;
+        }
+        let socket_ready = spawned_at.elapsed();
+
+        let api = self.api(run);
+        if let Err(e) = self.configure(&api, spec, &paths).await {
+            return fail(VmmError::Api {
+                id: spec.id.clone(),
+                endpoint: e.endpoint().to_string(),
+                detail: e.detail(),
+            })
+            .await;
+        }
+        if let Err(e) = std::fs::write(run.join(PID_FILE), format!("{}\n", proc_id.pid)) {
+            return fail(VmmError::Io {
+                path: run.join(PID_FILE),
+                source: e,
+            })
+            .await;
+        }
+        tracing::info!(
+            id = %spec.id,
+            pid = proc_id.pid,
+            jailed = self.jailer.is_some(),
+            api_socket_ms = socket_ready.as_millis() as u64,
+            total_ms = spawned_at.elapsed().as_millis() as u64,
+            "firecracker started"
+        );
+        Ok(VmHandle {
+            kind: VmmKind::Firecracker,
+            pid: proc_id.pid,
+            start_ticks: proc_id.start_ticks,
+            run_dir: run.clone(),
+        })
+    }
+
+    async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {
+        let uds = vm.run_dir.join(VSOCK_SOCKET);
+        vsock::connect(&uds, AGENT_VSOCK_PORT, self.timeouts.agent_handshake)
+            .await
+            .map_err(|e| VmmError::AgentChannel {
+                id: vm.run_dir.display().to_string(),
+                detail: e.to_string(),
+            })
+    }
+
+    async fn stop(&self, vm: &VmHandle) -> Result<(), VmmError> {
+        let proc_id = Self::proc_id(vm);
+        // Only signal a process that is provably ours: same pid, start time and binary.
+        if self.is_alive(vm) {
+            process::terminate(proc_id, self.timeouts.stop_grace)
+                .await
+                .map_err(|e| VmmError::StartFailed {
+                    id: vm.run_dir.display().to_string(),
+                    detail: format!("stopping: {e}"),
+                })?;
+        }
+        self.remove_cgroups(&vm.run_dir);
+        // Sockets of a dead process are useless; the log stays for post-mortems until the daemon removes
+        // the run directory.
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE] {
+            let _ = std::fs::remove_file(vm.run_dir.join(name));
+        }
+        Ok(())
+    }
+
+    fn is_alive(&self, vm: &VmHandle) -> bool {
+        vm.kind == VmmKind::Firecracker
+            && process::is_running(Self::proc_id(vm))
+            && process::exe_of(vm.pid).is_some_and(|exe| self.is_our_exe(&exe))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_ids_are_what_firecracker_accepts() {
+        assert_eq!(
+            FirecrackerVmm::instance_id("sbx_0123456789abcdef"),
+            "sbx-0123456789abcdef"
+        );
+        assert_eq!(FirecrackerVmm::instance_id("a/../b é"), "a----b--");
+        assert_eq!(FirecrackerVmm::instance_id(&"x".repeat(100)).len(), 64);
+    }
+
+    #[test]
+    fn boot_args_name_the_vsock_transport() {
+        let args = FirecrackerVmm::boot_args("box-1");
+        assert!(args.contains("hearth.transport=vsock"));
+        assert!(args.contains("hearth.vsock_port=1024"));
+        assert!(args.ends_with("hearth.hostname=box-1"));
+        assert!(args.starts_with("console=ttyS0 "));
+    }
+}

@@ -1,0 +1,301 @@
+//! Running Firecracker under its jailer (SECURITY.md promise 1): a chroot holding only what the VM needs, its
+//! own uid/gid, a new mount namespace (pivot_root), optional cgroup settings, and Firecracker's default seccomp
+//! filters (never disabled here).
+//!
+//! The jail lives inside the sandbox's run directory, `<run>/jail/<exec name>/<instance id>/root`, so removing
+//! the run directory removes it. Before the jailer runs, the driver puts into the chroot:
+//! - the kernel and initramfs, hard-linked (or copied when on another filesystem or not world-readable);
+//! - the sandbox disk, hard-linked (it must be the same inode so the guest writes the sandbox's own disk) and
+//!   handed to the jail's uid/gid;
+//! - a `run/` directory owned by the jail's uid for the API and vsock sockets.
+//!
+//! `<run>/fc.sock` and `<run>/vsock.sock` are symlinks into the jail, so the rest of the driver (and a daemon
+//! that adopts the VM after a restart) finds the sockets at the same place with or without the jailer.
+
+use std::ffi::OsString;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Which cgroup hierarchy the jailer writes `cgroups` settings to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+/// How to jail each Firecracker process.
+#[derive(Debug, Clone)]
+pub struct JailerConfig {
+    /// The jailer binary (same version as Firecracker).
+    pub jailer: PathBuf,
+    /// Unprivileged uid/gid Firecracker runs as. Give each tenant its own for full separation.
+    pub uid: u32,
+    pub gid: u32,
+    pub cgroup_version: CgroupVersion,
+    /// Parent cgroup of the VM's cgroup (relative to the hierarchy root); the jailer's default when `None`.
+    pub parent_cgroup: Option<String>,
+    /// `file=value` settings for the VM's cgroup, e.g. `cpu.weight=100` (v2) or `cpu.shares=512` (v1).
+    pub cgroups: Vec<String>,
+}
+
+impl JailerConfig {
+    /// Jailer at the default install path, cgroup v2, no cgroup settings.
+    pub fn new(uid: u32, gid: u32) -> Self {
+        Self {
+            jailer: PathBuf::from(super::DEFAULT_JAILER),
+            uid,
+            gid,
+            cgroup_version: CgroupVersion::V2,
+            parent_cgroup: None,
+            cgroups: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The disk cannot be hard-linked into the jail (another filesystem).
+    #[error("disk {disk} must be on the same filesystem as the jail {jail}: {source}")]
+    DiskLink {
+        disk: PathBuf,
+        jail: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid cgroup setting {0:?} (expected file=value)")]
+    BadCgroup(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> JailError + '_ {
+    move |source| JailError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Paths of one VM's jail.
+#[derive(Debug, Clone)]
+pub struct Jail {
+    /// `--chroot-base-dir`.
+    pub base: PathBuf,
+    /// The chroot: `<base>/<exec name>/<instance id>/root`.
+    pub root: PathBuf,
+}
+
+/// File names inside the chroot (as Firecracker sees them).
+pub const KERNEL: &str = "/vmlinux";
+pub const INITRAMFS: &str = "/initramfs.cpio.gz";
+pub const DISK: &str = "/disk.ext4";
+pub const API_SOCKET: &str = "/run/fc.sock";
+pub const VSOCK_SOCKET: &str = "/run/vsock.sock";
+
+impl Jail {
+    pub fn new(run_dir: &Path, firecracker: &Path, instance_id: &str) -> Self {
+        let base = run_dir.join("jail");
+        let exec_name = firecracker
+            .file_name()
+            .map(OsString::from)
+            .unwrap_or_else(|| OsString::from("firecracker"));
+        let root = base.join(exec_name).join(instance_id).join("root");
+        Self { base, root }
+    }
+
+    /// Host path of a path inside the chroot.
+    pub fn host_path(&self, inner: &str) -> PathBuf {
+        self.root.join(inner.trim_start_matches('/'))
+    }
+
+    /// Builds the chroot contents before the jailer runs (see the module doc).
+    pub fn populate(
+        &self,
+        cfg: &JailerConfig,
+        kernel: &Path,
+        initramfs: &Path,
+        disk: &Path,
+    ) -> Result<(), JailError> {
+        // A leftover jail from an earlier attempt would hold stale sockets and links.
+        if self.base.exists() {
+            std::fs::remove_dir_all(&self.base).map_err(io_err(&self.base))?;
+        }
+        let run = self.host_path("/run");
+        std::fs::create_dir_all(&run).map_err(io_err(&run))?;
+        chown(&run, cfg)?;
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).map_err(io_err(&run))?;
+
+        link_readable(kernel, &self.host_path(KERNEL))?;
+        link_readable(initramfs, &self.host_path(INITRAMFS))?;
+
+        let jailed_disk = self.host_path(DISK);
+        std::fs::hard_link(disk, &jailed_disk).map_err(|source| JailError::DiskLink {
+            disk: disk.to_path_buf(),
+            jail: self.root.clone(),
+            source,
+        })?;
+        chown(&jailed_disk, cfg)?;
+        Ok(())
+    }
+
+    /// Jailer arguments; `firecracker_args` go after `--` to Firecracker.
+    pub fn args(
+        &self,
+        cfg: &JailerConfig,
+        firecracker: &Path,
+        instance_id: &str,
+        firecracker_args: &[&str],
+    ) -> Result<Vec<OsString>, JailError> {
+        let mut args: Vec<OsString> = vec![
+            "--id".into(),
+            instance_id.into(),
+            "--exec-file".into(),
+            firecracker.into(),
+            "--uid".into(),
+            cfg.uid.to_string().into(),
+            "--gid".into(),
+            cfg.gid.to_string().into(),
+            "--chroot-base-dir".into(),
+            self.base.clone().into(),
+            "--cgroup-version".into(),
+            match cfg.cgroup_version {
+                CgroupVersion::V1 => "1",
+                CgroupVersion::V2 => "2",
+            }
+            .into(),
+        ];
+        if let Some(parent) = &cfg.parent_cgroup {
+            args.extend(["--parent-cgroup".into(), parent.into()]);
+        }
+        for setting in &cfg.cgroups {
+            let valid = setting.split_once('=').is_some_and(|(file, value)| {
+                !file.is_empty()
+                    && !value.is_empty()
+                    && file
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_')
+            });
+            if !valid {
+                return Err(JailError::BadCgroup(setting.clone()));
+            }
+            args.extend(["--cgroup".into(), setting.into()]);
+        }
+        args.push("--".into());
+        args.extend(firecracker_args.iter().map(OsString::from));
+        Ok(args)
+    }
+
+    /// Symlinks `<run>/fc.sock` and `<run>/vsock.sock` to the sockets inside the jail.
+    pub fn link_sockets(&self, api_link: &Path, vsock_link: &Path) -> Result<(), JailError> {
+        for (link, inner) in [(api_link, API_SOCKET), (vsock_link, VSOCK_SOCKET)] {
+            remove_if_present(link)?;
+            std::os::unix::fs::symlink(self.host_path(inner), link).map_err(io_err(link))?;
+        }
+        Ok(())
+    }
+
+    /// Cgroup directories the jailer may have created for this VM (removed after the process exits).
+    pub fn cgroup_dirs(cfg: &JailerConfig, firecracker: &Path, instance_id: &str) -> Vec<PathBuf> {
+        let exec_name = firecracker
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "firecracker".into());
+        let parent = cfg.parent_cgroup.clone().unwrap_or(exec_name);
+        match cfg.cgroup_version {
+            CgroupVersion::V2 => vec![Path::new("/sys/fs/cgroup").join(&parent).join(instance_id)],
+            CgroupVersion::V1 => {
+                let mut controllers: Vec<&str> =
+                    cfg.cgroups.iter().filter_map(|s| s.split('.').next()).collect();
+                controllers.sort_unstable();
+                controllers.dedup();
+                controllers
+                    .into_iter()
+                    .map(|c| {
+                        Path::new("/sys/fs/cgroup")
+                            .join(c)
+                            .join(&parent)
+                            .join(instance_id)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+fn chown(path: &Path, cfg: &JailerConfig) -> Result<(), JailError> {
+    std::os::unix::fs::chown(path, Some(cfg.uid), Some(cfg.gid)).map_err(io_err(path))
+}
+
+fn remove_if_present(path: &Path) -> Result<(), JailError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+/// Puts a read-only boot file into the jail: a hard link when the file is world-readable and on the same
+/// filesystem, otherwise a world-readable copy (the shared image itself is never chowned or chmodded).
+fn link_readable(src: &Path, dest: &Path) -> Result<(), JailError> {
+    let meta = std::fs::metadata(src).map_err(io_err(src))?;
+    if meta.mode() & 0o004 != 0 && std::fs::hard_link(src, dest).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(src, dest).map_err(io_err(dest))?;
+    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o444)).map_err(io_err(dest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_carry_ids_and_validated_cgroups() {
+        let jail = Jail::new(Path::new("/r"), Path::new("/opt/fc/firecracker"), "sbx-1");
+        assert_eq!(jail.root, Path::new("/r/jail/firecracker/sbx-1/root"));
+        assert_eq!(
+            jail.host_path(API_SOCKET),
+            Path::new("/r/jail/firecracker/sbx-1/root/run/fc.sock")
+        );
+        let mut cfg = JailerConfig::new(1000, 1001);
+        cfg.cgroups = vec!["cpu.weight=100".into()];
+        let args = jail
+            .args(
+                &cfg,
+                Path::new("/opt/fc/firecracker"),
+                "sbx-1",
+                &["--api-sock", API_SOCKET],
+            )
+            .expect("valid");
+        let args: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        let joined = args.join(" ");
+        assert!(joined.contains("--uid 1000 --gid 1001"));
+        assert!(joined.contains("--chroot-base-dir /r/jail"));
+        assert!(joined.contains("--cgroup cpu.weight=100"));
+        assert!(joined.ends_with("-- --api-sock /run/fc.sock"));
+        for bad in ["cpu.weight", "=1", "../x=1", "cpu.weight="] {
+            cfg.cgroups = vec![bad.into()];
+            assert!(jail.args(&cfg, Path::new("/f"), "x", &[]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unreadable_boot_files_are_copied_not_changed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("vmlinux");
+        std::fs::write(&src, b"\x7fELF").expect("write");
+        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let dest = dir.path().join("copy");
+        link_readable(&src, &dest).expect("copy");
+        let (s, d) = (
+            std::fs::metadata(&src).expect("src"),
+            std::fs::metadata(&dest).expect("dest"),
+        );
+        assert_ne!(s.ino(), d.ino());
+        assert_eq!(s.mode() & 0o777, 0o600);
+        assert_eq!(d.mode() & 0o777, 0o444);
+
+        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let linked = dir.path().join("link");
+        link_readable(&src, &linked).expect("link");
+        assert_eq!(std::fs::metadata(&linked).expect("link").ino(), s.ino());
+    }
+}

@@ -1,0 +1,307 @@
+//! The Firecracker process: spawn it detached, wait for its API socket, find it again, stop it.
+//!
+//! The process is started in a new session (so it keeps running when the daemon exits or is killed) with its
+//! stdio in a log file. While the daemon lives the process is still its child: the [`tokio::process::Child`]
+//! is dropped without waiting, and tokio reaps the process in the background once it exits, so no zombie stays
+//! behind. After a daemon restart the process belongs to init (or a subreaper), which reaps it.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A process identified by pid and start time, which together survive pid reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessId {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The log file could not be opened.
+    #[error("log file {path}: {source}")]
+    Log { path: PathBuf, source: std::io::Error },
+    /// The program could not be executed.
+    #[error("spawn {program}: {source}")]
+    Spawn {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    /// The process exited before it was ready.
+    #[error("exited during startup; log tail: {log_tail}")]
+    ExitedEarly { log_tail: String },
+    /// The API socket did not appear in time.
+    #[error("api socket {path} not ready after {waited:?}; log tail: {log_tail}")]
+    SocketTimeout {
+        path: PathBuf,
+        waited: Duration,
+        log_tail: String,
+    },
+    /// The process outlived SIGKILL.
+    #[error("pid {pid} still alive after SIGKILL")]
+    Unkillable { pid: u32 },
+    /// Signalling the process failed for a reason other than it being gone.
+    #[error("signal pid {pid}: {source}")]
+    Signal { pid: u32, source: nix::Error },
+}
+
+/// Spawns `program args` in a new session with stdin from /dev/null and stdout+stderr appended to `log`.
+pub fn spawn_detached(
+    program: &Path,
+    args: &[std::ffi::OsString],
+    log: &Path,
+) -> Result<ProcessId, ProcessError> {
+    let log_err = |source| ProcessError::Log {
+        path: log.to_path_buf(),
+        source,
+    };
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(log_err)?;
+    let err = out.try_clone().map_err(log_err)?;
+
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .kill_on_drop(false);
+    // SAFETY: the closure runs in the forked child before exec and only calls setsid(2), which is
+    // async-signal-safe and touches no memory shared with the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+        program: program.to_path_buf(),
+        source,
+    })?;
+    let pid = child.id().ok_or_else(|| ProcessError::ExitedEarly {
+        log_tail: log_tail(log),
+    })?;
+    // Dropping the handle neither kills nor waits: tokio keeps reaping it in the background.
+    drop(child);
+    let start_ticks = crate::process_start_ticks(pid).ok_or_else(|| ProcessError::ExitedEarly {
+        log_tail: log_tail(log),
+    })?;
+    Ok(ProcessId { pid, start_ticks })
+}
+
+/// Waits until something accepts connections on `socket`, failing early if the process dies.
+pub async fn wait_for_socket(
+    proc_id: ProcessId,
+    socket: &Path,
+    log: &Path,
+    timeout: Duration,
+) -> Result<(), ProcessError> {
+    let started = Instant::now();
+    loop {
+        if tokio::net::UnixStream::connect(socket).await.is_ok() {
+            return Ok(());
+        }
+        if !is_running(proc_id) {
+            return Err(ProcessError::ExitedEarly {
+                log_tail: log_tail(log),
+            });
+        }
+        if started.elapsed() >= timeout {
+            return Err(ProcessError::SocketTimeout {
+                path: socket.to_path_buf(),
+                waited: timeout,
+                log_tail: log_tail(log),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One-letter process state from `/proc/<pid>/stat` (R, S, D, Z, ...).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')? + 2..)?.chars().next()
+}
+
+/// True while the process runs: same pid and start time, and not a zombie.
+pub fn is_running(proc_id: ProcessId) -> bool {
+    crate::process_start_ticks(proc_id.pid) == Some(proc_id.start_ticks)
+        && !matches!(process_state(proc_id.pid), Some('Z' | 'X') | None)
+}
+
+/// Target of `/proc/<pid>/exe`, without the " (deleted)" suffix of a replaced binary.
+pub fn exe_of(pid: u32) -> Option<PathBuf> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let text = exe.to_string_lossy();
+    match text.strip_suffix(" (deleted)") {
+        Some(stripped) => Some(PathBuf::from(stripped)),
+        None => Some(exe),
+    }
+}
+
+/// SIGTERM, wait up to `grace`, then SIGKILL and wait until the process is gone. A process that is already
+/// gone (or whose pid now belongs to another process) is not an error.
+pub async fn terminate(proc_id: ProcessId, grace: Duration) -> Result<(), ProcessError> {
+    if !is_running(proc_id) {
+        return Ok(());
+    }
+    signal(proc_id, Signal::SIGTERM)?;
+    if wait_gone(proc_id, grace).await {
+        return Ok(());
+    }
+    signal(proc_id, Signal::SIGKILL)?;
+    if wait_gone(proc_id, Duration::from_secs(10)).await {
+        return Ok(());
+    }
+    Err(ProcessError::Unkillable { pid: proc_id.pid })
+}
+
+fn signal(proc_id: ProcessId, sig: Signal) -> Result<(), ProcessError> {
+    // Re-check right before signalling so a recycled pid is never hit.
+    if !is_running(proc_id) {
+        return Ok(());
+    }
+    let pid = i32::try_from(proc_id.pid).map_err(|_| ProcessError::Signal {
+        pid: proc_id.pid,
+        source: nix::Error::EINVAL,
+    })?;
+    match kill(Pid::from_raw(pid), sig) {
+        Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+        Err(source) => Err(ProcessError::Signal {
+            pid: proc_id.pid,
+            source,
+        }),
+    }
+}
+
+/// Polls until the process is no longer running (a zombie counts as gone: it holds no resources and its
+/// parent reaps it). Returns false on timeout.
+async fn wait_gone(proc_id: ProcessId, timeout: Duration) -> bool {
+    let started = Instant::now();
+    loop {
+        if !is_running(proc_id) {
+            reap_if_child(proc_id.pid);
+            return true;
+        }
+        if started.elapsed() >= timeout {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Reaps the process if it is a zombie child of ours (a no-op otherwise, e.g. after adoption).
+fn reap_if_child(pid: u32) {
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    if process_state(pid) != Some('Z') {
+        return;
+    }
+    if let Ok(raw) = i32::try_from(pid) {
+        // ECHILD when it is not our child or tokio reaped it first: both are fine.
+        let _ = waitpid(Pid::from_raw(raw), Some(WaitPidFlag::WNOHANG));
+    }
+}
+
+/// The last ~2 KiB of the log, for error messages.
+pub fn log_tail(log: &Path) -> String {
+    const TAIL: usize = 2048;
+    let Ok(bytes) = std::fs::read(log) else {
+        return "(no log)".into();
+    };
+    let start = bytes.len().saturating_sub(TAIL);
+    let text = String::from_utf8_lossy(&bytes[start..]);
+    let text = text.trim();
+    if text.is_empty() {
+        "(empty log)".into()
+    } else {
+        text.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn detached_child_is_terminated_and_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("log");
+        let p = spawn_detached(Path::new("/bin/sleep"), &["30".into()], &log).expect("spawn");
+        assert!(is_running(p));
+        // A new session: the child leads its own session.
+        assert_eq!(
+            nix::unistd::getsid(Some(Pid::from_raw(p.pid as i32))).ok(),
+            Some(Pid::from_raw(p.pid as i32))
+        );
+        assert_eq!(
+            exe_of(p.pid).as_deref(),
+            std::fs::canonicalize("/bin/sleep").ok().as_deref()
+        );
+        terminate(p, Duration::from_secs(2)).await.expect("terminate");
+        assert!(!is_running(p));
+        // Idempotent.
+        terminate(p, Duration::from_secs(2))
+            .await
+            .expect("second terminate");
+    }
+
+    #[tokio::test]
+    async fn sigterm_ignored_means_sigkill() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("log");
+        let p = spawn_detached(
+            Path::new("/bin/sh"),
+            &[
+                "-c".into(),
+                "trap '' TERM; echo ready; while :; do sleep 0.1; done".into(),
+            ],
+            &log,
+        )
+        .expect("spawn");
+        // Let the shell install its trap.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        terminate(p, Duration::from_millis(300)).await.expect("terminate");
+        assert!(!is_running(p));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert!(log_tail(&log).contains("ready"));
+    }
+
+    #[tokio::test]
+    async fn socket_wait_reports_early_exit_with_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("log");
+        let p = spawn_detached(
+            Path::new("/bin/sh"),
+            &["-c".into(), "echo boom >&2; exit 3".into()],
+            &log,
+        )
+        .expect("spawn");
+        let err = wait_for_socket(p, &dir.path().join("none.sock"), &log, Duration::from_secs(5))
+            .await
+            .expect_err("no socket");
+        match err {
+            ProcessError::ExitedEarly { log_tail } => assert!(log_tail.contains("boom")),
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn stale_identity_is_not_running() {
+        let me = ProcessId {
+            pid: std::process::id(),
+            start_ticks: crate::process_start_ticks(std::process::id()).expect("self"),
+        };
+        assert!(is_running(me));
+        assert!(!is_running(ProcessId {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        }));
+    }
+}
