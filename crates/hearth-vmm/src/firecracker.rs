@@ -7,6 +7,7 @@
 //! - `http`: the small HTTP/1.1 client under it;
 //! - `process`: detached spawn, readiness wait, identity checks, SIGTERM/SIGKILL;
 //! - `vsock`: the `CONNECT <port>` handshake on Firecracker's vsock socket;
+//! - `snapshot`: pause, resume, snapshot create and restore ([`SnapshotFiles`]);
 //! - [`jailer`]: the optional jailer (chroot, uid/gid, cgroups).
 //!
 //! # Files in the run directory
@@ -26,10 +27,12 @@ pub mod api;
 mod http;
 pub mod jailer;
 mod process;
+mod snapshot;
 mod vsock;
 
 pub use api::ApiClient;
 pub use jailer::{CgroupVersion, JailerConfig};
+pub use snapshot::SnapshotFiles;
 
 use process::ProcessId;
 
@@ -231,6 +234,93 @@ impl FirecrackerVmm {
         api.instance_start().await
     }
 
+    /// Checks the spec, clears leftovers, spawns Firecracker and waits for its API socket. On error nothing
+    /// is left running.
+    async fn launch(&self, spec: &VmSpec) -> Result<Launched, VmmError> {
+        let run = &spec.run_dir;
+        let start_failed = |detail: String| VmmError::StartFailed {
+            id: spec.id.clone(),
+            detail,
+        };
+        if spec.hostname.is_empty()
+            || !spec
+                .hostname
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        {
+            return Err(start_failed(format!("invalid hostname {:?}", spec.hostname)));
+        }
+        if !run.is_dir() {
+            return Err(start_failed(format!("run directory {} missing", run.display())));
+        }
+        // Leftovers of an earlier run would make Firecracker refuse to bind its sockets.
+        Self::remove_run_files(run);
+
+        let spawned_at = Instant::now();
+        let (proc_id, paths) = match self.spawn(spec, &Self::instance_id(&spec.id)) {
+            Ok(v) => v,
+            Err(e) => {
+                Self::remove_run_files(run);
+                return Err(e);
+            }
+        };
+        let log = run.join(LOG_FILE);
+        if let Err(e) =
+            process::wait_for_socket(proc_id, &run.join(API_SOCKET), &log, self.timeouts.api_socket).await
+        {
+            return Err(self.abort(spec, proc_id, start_failed(e.to_string())).await);
+        }
+        Ok(Launched {
+            proc_id,
+            paths,
+            api: self.api(run),
+            spawned_at,
+            socket_ready: spawned_at.elapsed(),
+        })
+    }
+
+    /// Kills a VM that failed to start and removes what it created; returns `err` for the caller.
+    async fn abort(&self, spec: &VmSpec, proc_id: ProcessId, err: VmmError) -> VmmError {
+        if let Err(e) = process::terminate(proc_id, Duration::ZERO).await {
+            tracing::error!(id = %spec.id, error = %e, "cannot kill a firecracker that failed to start");
+        }
+        self.remove_cgroups(&spec.run_dir);
+        Self::remove_run_files(&spec.run_dir);
+        err
+    }
+
+    /// Records the pid file of a configured VM and returns its handle.
+    async fn finish(&self, spec: &VmSpec, launched: &Launched, what: &str) -> Result<VmHandle, VmmError> {
+        let proc_id = launched.proc_id;
+        let pid_file = spec.run_dir.join(PID_FILE);
+        if let Err(source) = std::fs::write(&pid_file, format!("{}\n", proc_id.pid)) {
+            return Err(self
+                .abort(
+                    spec,
+                    proc_id,
+                    VmmError::Io {
+                        path: pid_file,
+                        source,
+                    },
+                )
+                .await);
+        }
+        tracing::info!(
+            id = %spec.id,
+            pid = proc_id.pid,
+            jailed = self.jailer.is_some(),
+            api_socket_ms = launched.socket_ready.as_millis() as u64,
+            total_ms = launched.spawned_at.elapsed().as_millis() as u64,
+            "firecracker {what}"
+        );
+        Ok(VmHandle {
+            kind: VmmKind::Firecracker,
+            pid: proc_id.pid,
+            start_ticks: proc_id.start_ticks,
+            run_dir: spec.run_dir.clone(),
+        })
+    }
+
     /// Removes what `start` created in the run directory (never the disk or the directory itself).
     fn remove_run_files(run: &Path) {
         for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE] {
@@ -269,6 +359,24 @@ impl FirecrackerVmm {
                 .binary
                 .file_name()
                 .is_some_and(|name| exe == Path::new("/").join(name))
+    }
+}
+
+/// A Firecracker process whose API socket is up, not yet configured.
+struct Launched {
+    proc_id: ProcessId,
+    paths: GuestPaths,
+    api: ApiClient,
+    spawned_at: Instant,
+    socket_ready: Duration,
+}
+
+/// Maps an API failure to the trait's error, keeping Firecracker's `fault_message`.
+fn api_error(id: &str, e: &api::ApiError) -> VmmError {
+    VmmError::Api {
+        id: id.to_string(),
+        endpoint: e.endpoint().to_string(),
+        detail: e.detail(),
     }
 }
 
@@ -331,79 +439,11 @@ impl Vmm for FirecrackerVmm {
     }
 
     async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError> {
-        let run = &spec.run_dir;
-        let start_failed = |detail: String| VmmError::StartFailed {
-            id: spec.id.clone(),
-            detail,
-        };
-        if !spec
-            .hostname
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-            || spec.hostname.is_empty()
-        {
-            return Err(start_failed(format!("invalid hostname {:?}", spec.hostname)));
+        let launched = self.launch(spec).await?;
+        if let Err(e) = self.configure(&launched.api, spec, &launched.paths).await {
+            return Err(self.abort(spec, launched.proc_id, api_error(&spec.id, &e)).await);
         }
-        if !run.is_dir() {
-            return Err(start_failed(format!("run directory {} missing", run.display())));
-        }
-        // Leftovers of an earlier run would make Firecracker refuse to bind its sockets.
-        Self::remove_run_files(run);
-
-        let iid = Self::instance_id(&spec.id);
-        let spawned_at = Instant::now();
-        let (proc_id, paths) = match self.spawn(spec, &iid) {
-            Ok(v) => v,
-            Err(e) => {
-                Self::remove_run_files(run);
-                return Err(e);
-            }
-        };
-        let fail = |err: VmmError| async move {
-            let _ = process::terminate(proc_id, Duration::ZERO).await;
-            self.remove_cgroups(run);
-            Self::remove_run_files(run);
-            Err(err)
-        };
-
-        let log = run.join(LOG_FILE);
-        if let Err(e) =
-            process::wait_for_socket(proc_id, &run.join(API_SOCKET), &log, self.timeouts.api_socket).await
-        {
-            return fail(start_failed(e.to_string())).await;
-        }
-        let socket_ready = spawned_at.elapsed();
-
-        let api = self.api(run);
-        if let Err(e) = self.configure(&api, spec, &paths).await {
-            return fail(VmmError::Api {
-                id: spec.id.clone(),
-                endpoint: e.endpoint().to_string(),
-                detail: e.detail(),
-            })
-            .await;
-        }
-        if let Err(e) = std::fs::write(run.join(PID_FILE), format!("{}\n", proc_id.pid)) {
-            return fail(VmmError::Io {
-                path: run.join(PID_FILE),
-                source: e,
-            })
-            .await;
-        }
-        tracing::info!(
-            id = %spec.id,
-            pid = proc_id.pid,
-            jailed = self.jailer.is_some(),
-            api_socket_ms = socket_ready.as_millis() as u64,
-            total_ms = spawned_at.elapsed().as_millis() as u64,
-            "firecracker started"
-        );
-        Ok(VmHandle {
-            kind: VmmKind::Firecracker,
-            pid: proc_id.pid,
-            start_ticks: proc_id.start_ticks,
-            run_dir: run.clone(),
-        })
+        self.finish(spec, &launched, "started").await
     }
 
     async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {

@@ -234,7 +234,7 @@ fn remove_if_present(path: &Path) -> Result<(), JailError> {
 
 /// Puts a read-only boot file into the jail: a hard link when the file is world-readable and on the same
 /// filesystem, otherwise a world-readable copy (the shared image itself is never chowned or chmodded).
-fn link_readable(src: &Path, dest: &Path) -> Result<(), JailError> {
+pub fn link_readable(src: &Path, dest: &Path) -> Result<(), JailError> {
     let meta = std::fs::metadata(src).map_err(io_err(src))?;
     if meta.mode() & 0o004 != 0 && std::fs::hard_link(src, dest).is_ok() {
         return Ok(());

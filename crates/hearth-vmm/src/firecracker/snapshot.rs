@@ -1,0 +1,147 @@
+//! Pause, resume, snapshot and restore of Firecracker VMs.
+//!
+//! A snapshot is two files: the device/vCPU state and the guest memory. Firecracker records the paths the VM
+//! was configured with (disk, vsock socket) in the state file and reopens them on load:
+//! - without the jailer those are absolute host paths, so a snapshot restores in the run directory it was
+//!   taken in (pause to disk, then resume);
+//! - with the jailer they are paths inside the chroot (`/disk.ext4`, `/run/vsock.sock`), so a snapshot can be
+//!   restored into any sandbox's jail, which is what forking needs.
+//!
+//! Snapshot files are written where the caller asks; committing them (fsync, manifest, checksums, rename) is
+//! the caller's business (SECURITY.md promise 8).
+
+use std::path::{Path, PathBuf};
+
+use super::{FirecrackerVmm, api, api_error, jailer};
+use crate::{VmHandle, VmSpec, VmmError};
+
+/// The two files of a full snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotFiles {
+    /// Device and vCPU state (small).
+    pub state: PathBuf,
+    /// Guest memory (as large as the guest's RAM, sparse where the guest never wrote).
+    pub memory: PathBuf,
+}
+
+/// Where a jailed Firecracker reads and writes snapshot files, inside its chroot.
+const JAILED_STATE: &str = "/snapshot.state";
+const JAILED_MEMORY: &str = "/snapshot.mem";
+
+impl FirecrackerVmm {
+    fn vm_api_error(vm: &VmHandle, e: &api::ApiError) -> VmmError {
+        api_error(&vm.run_dir.display().to_string(), e)
+    }
+
+    /// Pauses the vCPUs (`PATCH /vm {state: Paused}`).
+    pub async fn pause(&self, vm: &VmHandle) -> Result<(), VmmError> {
+        self.api(&vm.run_dir)
+            .pause()
+            .await
+            .map_err(|e| Self::vm_api_error(vm, &e))
+    }
+
+    /// Resumes a paused VM.
+    pub async fn resume(&self, vm: &VmHandle) -> Result<(), VmmError> {
+        self.api(&vm.run_dir)
+            .resume()
+            .await
+            .map_err(|e| Self::vm_api_error(vm, &e))
+    }
+
+    /// Writes a full snapshot of a paused VM to `files`.
+    pub async fn create_snapshot(&self, vm: &VmHandle, files: &SnapshotFiles) -> Result<(), VmmError> {
+        let api = self.api(&vm.run_dir);
+        let Some(jail_root) = self.jail_root(&vm.run_dir) else {
+            let req = api::SnapshotCreate {
+                snapshot_type: api::SnapshotType::Full,
+                snapshot_path: files.state.clone(),
+                mem_file_path: files.memory.clone(),
+            };
+            return api
+                .create_snapshot(req)
+                .await
+                .map_err(|e| Self::vm_api_error(vm, &e));
+        };
+        // The jailed process can only write inside its chroot: write there, then move the files out.
+        let req = api::SnapshotCreate {
+            snapshot_type: api::SnapshotType::Full,
+            snapshot_path: JAILED_STATE.into(),
+            mem_file_path: JAILED_MEMORY.into(),
+        };
+        let inner_state = jail_root.join(&JAILED_STATE[1..]);
+        let inner_memory = jail_root.join(&JAILED_MEMORY[1..]);
+        let result = match api.create_snapshot(req).await {
+            Ok(()) => {
+                move_file(&inner_state, &files.state).and_then(|()| move_file(&inner_memory, &files.memory))
+            }
+            Err(e) => Err(Self::vm_api_error(vm, &e)),
+        };
+        let _ = std::fs::remove_file(&inner_state);
+        let _ = std::fs::remove_file(&inner_memory);
+        result
+    }
+
+    /// Starts a fresh Firecracker process for `spec` and loads `files` into it instead of booting. The disk
+    /// must be at the path the snapshot recorded (see the module doc). With `resume` the vCPUs run at once;
+    /// otherwise the VM stays paused until [`FirecrackerVmm::resume`].
+    pub async fn restore(
+        &self,
+        spec: &VmSpec,
+        files: &SnapshotFiles,
+        resume: bool,
+    ) -> Result<VmHandle, VmmError> {
+        let launched = self.launch(spec).await?;
+        let (state, memory) = match self.jail_root(&spec.run_dir) {
+            None => (files.state.clone(), files.memory.clone()),
+            Some(root) => {
+                let linked = jailer::link_readable(&files.state, &root.join(&JAILED_STATE[1..]))
+                    .and_then(|()| jailer::link_readable(&files.memory, &root.join(&JAILED_MEMORY[1..])));
+                if let Err(e) = linked {
+                    let err = VmmError::StartFailed {
+                        id: spec.id.clone(),
+                        detail: format!("putting the snapshot into the jail: {e}"),
+                    };
+                    return Err(self.abort(spec, launched.proc_id, err).await);
+                }
+                (JAILED_STATE.into(), JAILED_MEMORY.into())
+            }
+        };
+        let load = api::SnapshotLoad {
+            snapshot_path: state,
+            mem_backend: api::MemBackend {
+                backend_type: api::MemBackendType::File,
+                backend_path: memory,
+            },
+            enable_diff_snapshots: None,
+            resume_vm: resume,
+        };
+        if let Err(e) = launched.api.load_snapshot(load).await {
+            return Err(self.abort(spec, launched.proc_id, api_error(&spec.id, &e)).await);
+        }
+        self.finish(spec, &launched, "restored").await
+    }
+
+    /// The chroot of a jailed VM in `run_dir`, if this driver jails.
+    fn jail_root(&self, run_dir: &Path) -> Option<PathBuf> {
+        self.jailer.as_ref()?;
+        let iid = super::jailed_instance_id(run_dir, &self.binary)?;
+        Some(jailer::Jail::new(run_dir, &self.binary, &iid).root)
+    }
+}
+
+/// Renames `from` to `to`, copying across filesystems.
+fn move_file(from: &Path, to: &Path) -> Result<(), VmmError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| VmmError::Io { path, source }
+    };
+    match std::fs::rename(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            std::fs::copy(from, to).map_err(io(to))?;
+            std::fs::remove_file(from).map_err(io(from))
+        }
+        Err(e) => Err(io(to)(e)),
+    }
+}

@@ -1,0 +1,258 @@
+//! Shared fixtures for the Firecracker tests: the real binary, boot images, sandbox directories, and a guard
+//! that kills a VM a failing test leaves behind.
+//!
+//! Images: the real ones from `HEARTH_IMAGES` (default `/var/lib/hearth/images`: `vmlinux`,
+//! `initramfs.cpio.gz`, `rootfs/minimal.ext4`) when they exist. Otherwise a fallback set is built once in the
+//! cargo target's temp dir: the `vmlinux` extracted by `images/extract-vmlinux.sh` from the Debian cloud
+//! kernel (downloaded with `apt-get download`), a tiny gzip'd initramfs, and a small raw ext4 made by
+//! `mkfs.ext4`. This host cannot run the guest kernel (PVM), so the tests check everything up to the API, the
+//! process and the snapshot files, not a running guest.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hearth_vmm::firecracker::FirecrackerVmm;
+use hearth_vmm::{BootImages, VmHandle, VmSpec};
+
+pub const MEM_MIB: u32 = 128;
+
+/// The Firecracker binary (`HEARTH_FIRECRACKER` or the install path). Missing is a test failure: the
+/// install script provides it.
+pub fn vmm() -> FirecrackerVmm {
+    let bin = std::env::var_os("HEARTH_FIRECRACKER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(hearth_vmm::firecracker::DEFAULT_BINARY));
+    FirecrackerVmm::new(&bin).unwrap_or_else(|e| panic!("{e} (run scripts/install-deps.sh)"))
+}
+
+pub struct Images {
+    pub vmlinux: PathBuf,
+    pub initramfs: PathBuf,
+    pub rootfs: PathBuf,
+}
+
+impl Images {
+    pub fn boot(&self) -> BootImages {
+        BootImages {
+            vmlinuz: self.vmlinux.with_file_name("vmlinuz"),
+            vmlinux: self.vmlinux.clone(),
+            initramfs: self.initramfs.clone(),
+        }
+    }
+}
+
+pub fn images() -> Images {
+    let dir = std::env::var_os("HEARTH_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/hearth/images"));
+    let real = Images {
+        vmlinux: dir.join("vmlinux"),
+        initramfs: dir.join("initramfs.cpio.gz"),
+        rootfs: dir.join("rootfs/minimal.ext4"),
+    };
+    if real.vmlinux.is_file() && real.initramfs.is_file() && real.rootfs.is_file() {
+        return real;
+    }
+    fallback_images()
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn stdout(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", out.status);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Builds (once, under a file lock shared by all test binaries) the fallback images.
+fn fallback_images() -> Images {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("firecracker-images");
+    std::fs::create_dir_all(&dir).expect("fallback image dir");
+    let lock = std::fs::File::create(dir.join(".lock")).expect("lock file");
+    lock.lock().expect("lock");
+    let images = Images {
+        vmlinux: dir.join("vmlinux"),
+        initramfs: dir.join("initramfs.cpio.gz"),
+        rootfs: dir.join("minimal.ext4"),
+    };
+    if !images.vmlinux.is_file() {
+        let vmlinuz = std::env::var_os("HEARTH_VMLINUZ")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| download_debian_kernel(&dir));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/extract-vmlinux.sh");
+        run(Command::new("sh").arg(script).arg(&vmlinuz).arg(&images.vmlinux));
+        // The unpacked package (modules included) is no longer needed.
+        let _ = std::fs::remove_dir_all(dir.join("deb"));
+    }
+    if !images.initramfs.is_file() {
+        // Firecracker only loads the initrd into guest memory; its contents matter to the guest alone.
+        let tmp = dir.join("initramfs.tmp");
+        run(Command::new("sh")
+            .arg("-c")
+            .arg("printf 'hearth test initramfs\\n' | gzip -n > \"$1\"")
+            .arg("sh")
+            .arg(&tmp));
+        std::fs::rename(&tmp, &images.initramfs).expect("rename initramfs");
+    }
+    if !images.rootfs.is_file() {
+        let tmp = dir.join("rootfs.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-L", "hearth-test"])
+            .arg(&tmp)
+            .arg("32M"));
+        std::fs::rename(&tmp, &images.rootfs).expect("rename rootfs");
+    }
+    images
+}
+
+/// `apt-get download` of the kernel package `linux-image-cloud-amd64` depends on, unpacked in `dir`.
+fn download_debian_kernel(dir: &Path) -> PathBuf {
+    let deps = stdout(Command::new("apt-cache").args(["depends", "linux-image-cloud-amd64"]));
+    let pkg = deps
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .find(|p| p.starts_with("linux-image-"))
+        .unwrap_or_else(|| panic!("no kernel dependency in: {deps}"))
+        .to_string();
+    let deb_dir = dir.join("deb");
+    let _ = std::fs::remove_dir_all(&deb_dir);
+    std::fs::create_dir_all(&deb_dir).expect("deb dir");
+    run(Command::new("apt-get")
+        .arg("download")
+        .arg(&pkg)
+        .current_dir(&deb_dir));
+    let deb = std::fs::read_dir(&deb_dir)
+        .expect("deb dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .expect("downloaded .deb");
+    let root = deb_dir.join("x");
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
+    std::fs::read_dir(root.join("boot"))
+        .expect("boot dir in the package")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
+        })
+        .expect("vmlinuz in the package")
+}
+
+/// A sandbox directory (disk + run files, as the daemon lays it out) in a temp dir.
+pub struct Sandbox {
+    pub tmp: tempfile::TempDir,
+    pub dir: PathBuf,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("sbx_0123456789abcdef");
+        std::fs::create_dir(&dir).expect("sandbox dir");
+        Self { tmp, dir }
+    }
+
+    pub fn spec(&self, images: &Images, disk: PathBuf) -> VmSpec {
+        VmSpec {
+            id: "sbx_0123456789abcdef".into(),
+            vcpus: 1,
+            memory_mib: MEM_MIB,
+            images: images.boot(),
+            disk,
+            run_dir: self.dir.clone(),
+            hostname: "fc-test".into(),
+        }
+    }
+
+    /// Names in the sandbox directory, sorted.
+    pub fn entries(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.dir)
+            .expect("read sandbox dir")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// Kills the VM on drop if it is still running (a failing assertion must not leak a Firecracker).
+pub struct KillOnDrop(pub VmHandle);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if hearth_vmm::process_start_ticks(self.0.pid) == Some(self.0.start_ticks) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// True if the process runs and is not a zombie.
+pub fn running(pid: u32, start_ticks: u64) -> bool {
+    if hearth_vmm::process_start_ticks(pid) != Some(start_ticks) {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat.get(i + 2..i + 3))
+        .unwrap_or("Z");
+    state != "Z" && state != "X"
+}
+
+/// Live (non-zombie) processes whose command line or chroot mentions `needle`.
+pub fn processes_mentioning(needle: &Path) -> Vec<u32> {
+    let needle = needle.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").filter_map(|e| e.ok()) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        let mentions = cmdline.contains(&needle) || cwd.to_string_lossy().contains(&needle);
+        if mentions
+            && pid != std::process::id()
+            && hearth_vmm::process_start_ticks(pid).is_some_and(|t| running(pid, t))
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Seccomp mode of every thread of `pid` (2 = filter).
+pub fn seccomp_modes(pid: u32) -> Vec<(String, u32)> {
+    let mut modes = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .filter_map(|e| e.ok())
+    {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let mode = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        modes.push((comm.trim().to_string(), mode));
+    }
+    modes
+}
