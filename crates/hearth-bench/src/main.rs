@@ -1,0 +1,207 @@
+//! `hearth-bench`: measures a running (or self-started) hearthd and prints a Markdown table.
+//!
+//! # Layout
+//! - [`daemon`]: start a private hearthd on a temporary data dir, or use `HEARTH_URL`/`HEARTH_API_KEY`.
+//! - [`stats`]: percentiles and table rendering.
+//! - `main`: the scenarios, each measured in the same run so that ratios compare like with like on a noisy
+//!   machine.
+
+mod daemon;
+mod stats;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use hearth_api::{CreateSandboxRequest, RunCommandRequest, Sandbox};
+use hearth_client::Client;
+
+use crate::stats::{Row, Samples};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "hearth-bench",
+    about = "Benchmark hearthd: create, first command, round trips, memory"
+)]
+struct Args {
+    /// Use the daemon at HEARTH_URL / HEARTH_API_KEY instead of starting a private one.
+    #[arg(long)]
+    external: bool,
+    /// Template to create sandboxes from.
+    #[arg(long, default_value = "minimal")]
+    template: String,
+    /// Sequential cold creates to measure.
+    #[arg(long, default_value_t = 5)]
+    creates: usize,
+    /// Command round trips to measure.
+    #[arg(long, default_value_t = 50)]
+    round_trips: usize,
+    /// Sandboxes created at once in the concurrency scenario.
+    #[arg(long, default_value_t = 4)]
+    concurrent: usize,
+    /// Memory per sandbox (MiB).
+    #[arg(long, default_value_t = 256)]
+    memory_mib: u32,
+    /// hearthd binary for the private daemon (default: next to this binary).
+    #[arg(long)]
+    hearthd: Option<std::path::PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let daemon = if args.external {
+        daemon::Daemon::external()?
+    } else {
+        daemon::Daemon::spawn(args.hearthd.clone()).await?
+    };
+    let client = daemon.client.clone();
+    let system = client.system().await.context("GET /v1/system")?;
+    eprintln!(
+        "hearth-bench: vmm {} ({}) - {}",
+        system.vmm, system.accel, system.vmm_reason
+    );
+
+    let result = run(&args, &client).await;
+    // Leave nothing behind, whatever happened.
+    if let Ok(list) = client.list_sandboxes(&Default::default()).await {
+        for s in list.sandboxes {
+            if s.metadata.get("bench").is_some_and(|v| v == "hearth-bench") {
+                let _ = client.delete_sandbox(&s.id).await;
+            }
+        }
+    }
+    drop(daemon);
+    let rows = result?;
+
+    println!(
+        "hearth-bench: vmm={} accel={} template={} memory={} MiB host_cpus={}\n",
+        system.vmm, system.accel, args.template, args.memory_mib, system.capacity.host_cpus
+    );
+    println!("{}", stats::render(&rows));
+    Ok(())
+}
+
+fn create_request(args: &Args) -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        template: Some(args.template.clone()),
+        vcpus: Some(1),
+        memory_mib: Some(args.memory_mib),
+        timeout_s: Some(900),
+        metadata: [("bench".to_owned(), "hearth-bench".to_owned())].into(),
+        ..Default::default()
+    }
+}
+
+fn true_cmd() -> RunCommandRequest {
+    RunCommandRequest {
+        argv: Some(vec!["true".to_owned()]),
+        ..Default::default()
+    }
+}
+
+/// Creates a sandbox and runs its first command; returns (create, first command, total) durations.
+async fn cold_create(client: &Client, args: &Args) -> Result<(Sandbox, Duration, Duration)> {
+    let t0 = Instant::now();
+    let sbx = client
+        .create_sandbox(&create_request(args))
+        .await
+        .context("create sandbox")?;
+    let created = t0.elapsed();
+    let res = client
+        .run_command(&sbx.id, &true_cmd())
+        .await
+        .context("first command")?;
+    anyhow::ensure!(res.exit_code == 0, "first command exited {}", res.exit_code);
+    Ok((sbx, created, t0.elapsed()))
+}
+
+async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+
+    // Baseline: an HTTP round trip that does not touch a VM.
+    let mut health = Samples::default();
+    for _ in 0..args.round_trips {
+        let t = Instant::now();
+        client.health().await?;
+        health.push(t.elapsed());
+    }
+
+    // Cold creates, one after another.
+    let mut create = Samples::default();
+    let mut first_cmd = Samples::default();
+    let mut destroy = Samples::default();
+    let mut kept: Option<Sandbox> = None;
+    for i in 0..args.creates {
+        let (sbx, created, total) = cold_create(client, args).await?;
+        create.push(created);
+        first_cmd.push(total);
+        if i + 1 == args.creates {
+            kept = Some(sbx);
+        } else {
+            let t = Instant::now();
+            client.delete_sandbox(&sbx.id).await?;
+            destroy.push(t.elapsed());
+        }
+    }
+    let kept = kept.context("no sandbox created (--creates 0?)")?;
+
+    // Command round trips on an idle, booted sandbox.
+    let mut rtt = Samples::default();
+    for _ in 0..args.round_trips {
+        let t = Instant::now();
+        let res = client.run_command(&kept.id, &true_cmd()).await?;
+        anyhow::ensure!(res.exit_code == 0, "true exited {}", res.exit_code);
+        rtt.push(t.elapsed());
+    }
+
+    // Host memory of the idle sandbox's VMM process.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pss = daemon::vmm_pss_kib(&kept.id);
+
+    // Concurrent creates, measured in the same run as the sequential ones.
+    let t = Instant::now();
+    let futs = (0..args.concurrent).map(|_| cold_create(client, args));
+    let results = futures::future::join_all(futs).await;
+    let wall = t.elapsed();
+    let mut conc = Samples::default();
+    for r in results {
+        let (sbx, _, total) = r?;
+        conc.push(total);
+        client.delete_sandbox(&sbx.id).await?;
+    }
+    client.delete_sandbox(&kept.id).await?;
+
+    rows.push(Row::samples("HTTP round trip (`/healthz`, baseline)", &health));
+    rows.push(Row::samples("command round trip (`true`)", &rtt));
+    rows.push(Row::ratio(
+        "command round trip / HTTP round trip (p50)",
+        rtt.p50().as_secs_f64() / health.p50().as_secs_f64().max(1e-9),
+    ));
+    rows.push(Row::samples("create (API returns, agent ready)", &create));
+    rows.push(Row::samples("create -> first command result", &first_cmd));
+    rows.push(Row::samples("destroy", &destroy));
+    rows.push(Row::samples(
+        &format!("create -> first command, {} at once (each)", args.concurrent),
+        &conc,
+    ));
+    rows.push(Row::value(
+        &format!("{} concurrent creates, wall clock", args.concurrent),
+        format!("{:.2} s", wall.as_secs_f64()),
+    ));
+    rows.push(Row::ratio(
+        &format!(
+            "{} concurrent wall / {} x sequential p50",
+            args.concurrent, args.concurrent
+        ),
+        wall.as_secs_f64() / (args.concurrent as f64 * first_cmd.p50().as_secs_f64()).max(1e-9),
+    ));
+    rows.push(Row::value(
+        "host memory of an idle sandbox (VMM PSS)",
+        match pss {
+            Some(kib) => format!("{:.1} MiB (guest {} MiB)", kib as f64 / 1024.0, args.memory_mib),
+            None => "n/a (VMM process not found)".to_owned(),
+        },
+    ));
+    Ok(rows)
+}
