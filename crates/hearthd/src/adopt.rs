@@ -1,0 +1,211 @@
+//! Start-up recovery: adopt the VMs that survived a daemon restart, finish or roll back half-done operations,
+//! and remove what nobody owns. Also the process-killing helpers used when tearing a sandbox down.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hearth_api::SandboxState;
+use hearth_vmm::VmHandle;
+use tokio::time::Instant;
+
+use crate::service::{Live, Sandboxes, ServiceError};
+
+/// How long an adopted VM's agent has to answer after a daemon restart.
+const ADOPT_CONNECT: Duration = Duration::from_secs(15);
+
+/// State letter and start time of a process, from `/proc/<pid>/stat`.
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let mut fields = rest.split(' ');
+    let state = fields.next()?.chars().next()?;
+    let ticks = fields.nth(18)?.parse().ok()?;
+    Some((state, ticks))
+}
+
+/// True while `pid` runs and is not a zombie; with `ticks`, also checks its start time (pid reuse).
+fn running(pid: u32, ticks: Option<u64>) -> bool {
+    match proc_stat(pid) {
+        Some((state, t)) => !matches!(state, 'Z' | 'X') && ticks.is_none_or(|want| want == t),
+        None => false,
+    }
+}
+
+fn sigkill_and_wait(pid: u32, ticks: Option<u64>) {
+    let Ok(raw) = i32::try_from(pid) else { return };
+    if raw <= 1 {
+        return;
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid was checked to be our VMM a moment ago.
+    unsafe {
+        libc::kill(raw, libc::SIGKILL);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while running(pid, ticks) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills the VMM process of `vm` if it still runs (same pid and start time).
+pub fn kill_vm_process(vm: &VmHandle) {
+    if running(vm.pid, Some(vm.start_ticks)) {
+        tracing::info!(pid = vm.pid, "killing leftover VMM process");
+        sigkill_and_wait(vm.pid, Some(vm.start_ticks));
+    }
+}
+
+/// Kills every process named by a `*.pid` file in `dir` whose command line mentions `dir` (so a reused pid of
+/// an unrelated process is left alone).
+pub fn kill_dir_processes(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let needle = dir.as_os_str().as_encoded_bytes();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "pid") {
+            continue;
+        }
+        let Some(pid) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if running(pid, None) && cmdline.windows(needle.len()).any(|w| w == needle) {
+            tracing::info!(pid, dir = %dir.display(), "killing VMM process of an unowned sandbox directory");
+            sigkill_and_wait(pid, None);
+        }
+    }
+}
+
+/// Brings the state database and the sandboxes directory in line with what is really running.
+pub async fn recover(svc: &Arc<Sandboxes>) -> Result<(), ServiceError> {
+    let rows = svc.db().list()?;
+    let mut adopting = Vec::new();
+    for row in rows {
+        match row.state {
+            SandboxState::Creating | SandboxState::Stopping => {
+                tracing::info!(sandbox = %row.id, state = row.state.as_str(), "rolling back an interrupted operation");
+                svc.teardown(&row.id, row.handle.as_ref()).await;
+                svc.db().delete(&row.id)?;
+            }
+            SandboxState::Failed => svc.teardown(&row.id, row.handle.as_ref()).await,
+            SandboxState::Running => {
+                let svc = svc.clone();
+                adopting.push(tokio::spawn(async move { adopt_one(&svc, row).await }));
+            }
+        }
+    }
+    for task in adopting {
+        if let Ok(Err(e)) = task.await {
+            tracing::warn!(error = %e, "adoption");
+        }
+    }
+    remove_orphans(svc)?;
+    Ok(())
+}
+
+async fn adopt_one(svc: &Sandboxes, row: crate::db::SandboxRow) -> Result<(), ServiceError> {
+    let vm = match &row.handle {
+        Some(h) if h.kind == svc.vmm.kind() && svc.vmm.is_alive(h) => h.clone(),
+        Some(h) if h.kind != svc.vmm.kind() => {
+            return svc
+                .fail(
+                    &row.id,
+                    &format!("daemon restarted with another VMM than {}", h.kind.as_str()),
+                )
+                .await;
+        }
+        _ => {
+            return svc
+                .fail(&row.id, "VM process is gone (found after a daemon restart)")
+                .await;
+        }
+    };
+    match svc.connect_agent_until(&vm, Instant::now() + ADOPT_CONNECT).await {
+        Ok(client) => {
+            svc.set_live(Arc::new(Live::new(
+                row.id.clone(),
+                vm,
+                row.env.clone(),
+                Some(client),
+            )));
+            tracing::info!(sandbox = %row.id, "adopted running sandbox");
+            Ok(())
+        }
+        Err(e) => {
+            svc.fail(&row.id, &format!("agent unreachable after a daemon restart: {e}"))
+                .await
+        }
+    }
+}
+
+/// Removes sandbox directories that no row owns (and kills any VMM process running from one).
+fn remove_orphans(svc: &Sandboxes) -> Result<(), ServiceError> {
+    let dir = svc.settings().paths.sandboxes_dir();
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let owned = match name.to_str() {
+            Some(id) if hearth_api::is_valid_sandbox_id(id) => svc.db().get(id)?.is_some(),
+            _ => false,
+        };
+        if owned {
+            continue;
+        }
+        let path = entry.path();
+        tracing::info!(path = %path.display(), "removing unowned sandbox directory");
+        kill_dir_processes(&path);
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        if let Err(e) = removed {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kills_only_processes_that_name_the_directory() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let marker = dir.path().join("marker");
+        // A process whose command line mentions the directory, and one that does not.
+        std::fs::write(&marker, b"")?;
+        let mut mine = std::process::Command::new("tail")
+            .arg("-f")
+            .arg(&marker)
+            .spawn()?;
+        let mut other = std::process::Command::new("sleep").arg("30").spawn()?;
+        std::fs::write(dir.path().join("vmm.pid"), format!("{}\n", mine.id()))?;
+        std::fs::write(dir.path().join("other.pid"), format!("{}\n", other.id()))?;
+        kill_dir_processes(dir.path());
+        let status = mine.wait()?;
+        assert!(!status.success());
+        assert!(other.try_wait()?.is_none(), "unrelated process must survive");
+        other.kill()?;
+        other.wait()?;
+        Ok(())
+    }
+
+    #[test]
+    fn proc_stat_of_self() {
+        let me = std::process::id();
+        let (state, ticks) = proc_stat(me).unwrap_or(('?', 0));
+        assert!(matches!(state, 'R' | 'S'));
+        assert_eq!(Some(ticks), hearth_vmm::process_start_ticks(me));
+    }
+}

@@ -1,0 +1,124 @@
+//! Command-line flags (with environment fallbacks) and the resolved daemon configuration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Which VMM to drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VmmChoice {
+    /// Firecracker on hardware KVM, else QEMU with KVM, else QEMU under TCG.
+    Auto,
+    Qemu,
+    Firecracker,
+}
+
+/// `hearthd`: the hearth daemon.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "hearthd",
+    version,
+    about = "hearth daemon: microVM sandboxes behind an HTTP API"
+)]
+pub struct Args {
+    /// Address to listen on. Port 0 picks a free port; the real address is written to `<data-dir>/listen-addr`.
+    #[arg(long, env = "HEARTH_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// State directory: database, API key, per-sandbox files.
+    #[arg(long, env = "HEARTH_DATA_DIR", default_value = "/var/lib/hearth")]
+    pub data_dir: PathBuf,
+    /// Guest images (kernel, initramfs, rootfs/<template>.ext4). Default `<data-dir>/images`.
+    #[arg(long, env = "HEARTH_IMAGES")]
+    pub images_dir: Option<PathBuf>,
+    /// VMM backend.
+    #[arg(long, env = "HEARTH_VMM", value_enum, default_value_t = VmmChoice::Auto)]
+    pub vmm: VmmChoice,
+    /// Template used when a create request names none.
+    #[arg(long, env = "HEARTH_DEFAULT_TEMPLATE", default_value = "debian")]
+    pub default_template: String,
+    /// Seconds a new sandbox's guest agent has to answer. Default 120 under TCG, 20 under KVM.
+    #[arg(long, env = "HEARTH_READY_TIMEOUT_S")]
+    pub ready_timeout_s: Option<u64>,
+    /// Print the OpenAPI document to stdout and exit.
+    #[arg(long)]
+    pub print_openapi: bool,
+}
+
+/// Paths derived from the flags.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub data_dir: PathBuf,
+    pub images_dir: PathBuf,
+}
+
+impl Paths {
+    pub fn new(data_dir: PathBuf, images_dir: Option<PathBuf>) -> Self {
+        let images_dir = images_dir.unwrap_or_else(|| data_dir.join("images"));
+        Paths { data_dir, images_dir }
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.data_dir.join("state.db")
+    }
+
+    pub fn api_key(&self) -> PathBuf {
+        self.data_dir.join("api-key")
+    }
+
+    pub fn listen_addr(&self) -> PathBuf {
+        self.data_dir.join("listen-addr")
+    }
+
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.data_dir.join("sandboxes")
+    }
+
+    /// Directory of one sandbox. `id` must already be validated with `hearth_api::is_valid_sandbox_id`.
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        debug_assert!(hearth_api::is_valid_sandbox_id(id));
+        self.sandboxes_dir().join(id)
+    }
+
+    /// Root filesystem image of a template. `name` must already be validated.
+    pub fn template_image(&self, name: &str) -> PathBuf {
+        debug_assert!(hearth_api::is_valid_template_name(name));
+        self.images_dir.join("rootfs").join(format!("{name}.ext4"))
+    }
+
+    pub fn boot_images(&self) -> hearth_vmm::BootImages {
+        hearth_vmm::BootImages {
+            vmlinuz: self.images_dir.join("vmlinuz"),
+            vmlinux: self.images_dir.join("vmlinux"),
+            initramfs: self.images_dir.join("initramfs.cpio.gz"),
+        }
+    }
+
+    /// Names of the templates present in the images directory, sorted.
+    pub fn templates(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        if let Ok(dir) = std::fs::read_dir(self.images_dir.join("rootfs")) {
+            for entry in dir.flatten() {
+                let file = entry.file_name();
+                let Some(file) = file.to_str() else { continue };
+                if let Some(name) = file.strip_suffix(".ext4")
+                    && hearth_api::is_valid_template_name(name)
+                {
+                    names.push(name.to_string());
+                }
+            }
+        }
+        names.sort();
+        names
+    }
+}
+
+/// Readiness deadline: the flag if given, else a default that fits the acceleration in use.
+pub fn ready_timeout(flag: Option<u64>, accel: hearth_vmm::Accel) -> Duration {
+    let secs = flag.unwrap_or(match accel {
+        hearth_vmm::Accel::Tcg => 120,
+        hearth_vmm::Accel::Kvm => 20,
+    });
+    Duration::from_secs(secs.max(1))
+}

@@ -1,0 +1,156 @@
+//! Start-up and shutdown of the daemon: directories, database, API key, VMM choice, recovery, background tasks,
+//! listener.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use hearth_vmm::detect::{self, VmmPreference};
+use hearth_vmm::{Vmm, VmmKind};
+use tokio::net::TcpListener;
+
+use crate::config::{self, Args, Paths, VmmChoice};
+use crate::db::Db;
+use crate::http::{self, AppState};
+use crate::service::{Sandboxes, Settings, VmmInfo, now_ms};
+use crate::{adopt, auth, metrics, reaper};
+
+/// How long in-flight requests (e.g. a streamed command) may delay exit after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Picks and builds the VMM driver, logging the choice and its reason.
+pub fn build_vmm(choice: VmmChoice, paths: &Paths) -> anyhow::Result<(Arc<dyn Vmm>, VmmInfo)> {
+    let probe = detect::probe();
+    let pref = match choice {
+        VmmChoice::Auto => VmmPreference::Auto,
+        VmmChoice::Qemu => VmmPreference::Qemu,
+        VmmChoice::Firecracker => VmmPreference::Firecracker,
+    };
+    let checks = detect::checks(&probe, &paths.images_dir)
+        .into_iter()
+        .map(|c| hearth_api::Check {
+            name: c.name,
+            status: c.status.as_str().to_string(),
+            detail: c.detail,
+        })
+        .collect();
+    let chosen = detect::choose(pref, &probe).context("choosing a VMM")?;
+    let vmm: Arc<dyn Vmm> = match chosen.kind {
+        VmmKind::Qemu => {
+            let bin = probe.qemu.as_ref().map_err(|e| anyhow::anyhow!("qemu: {e}"))?;
+            Arc::new(hearth_vmm::qemu::QemuVmm::new(
+                chosen.accel,
+                bin.path.clone(),
+                bin.version.clone(),
+            ))
+        }
+        VmmKind::Firecracker => {
+            let bin = probe
+                .firecracker
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("firecracker: {e}"))?;
+            Arc::new(hearth_vmm::firecracker::FirecrackerVmm::new(bin.path.clone())?)
+        }
+    };
+    tracing::info!(vmm = chosen.kind.as_str(), accel = chosen.accel.as_str(), version = %vmm.version(),
+        reason = %chosen.reason, "VMM chosen");
+    Ok((
+        vmm,
+        VmmInfo {
+            reason: chosen.reason,
+            checks,
+        },
+    ))
+}
+
+fn private_dir(path: &Path) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .with_context(|| format!("creating {}", path.display()))
+}
+
+/// Runs the daemon until SIGTERM or SIGINT. VMs are left running for the next start to adopt.
+pub async fn serve(args: Args) -> anyhow::Result<()> {
+    let paths = Paths::new(args.data_dir.clone(), args.images_dir.clone());
+    private_dir(&paths.data_dir)?;
+    private_dir(&paths.sandboxes_dir())?;
+    // A stale address would send clients of this start to a dead port.
+    let _ = std::fs::remove_file(paths.listen_addr());
+    let db = Db::open(&paths.db())?;
+    let keys = auth::ensure_key(&db, &paths.api_key(), now_ms())?;
+    let (vmm, info) = build_vmm(args.vmm, &paths)?;
+    let ready_timeout = config::ready_timeout(args.ready_timeout_s, vmm.accel());
+    tracing::info!(secs = ready_timeout.as_secs(), "agent readiness deadline");
+    if !paths.template_image(&args.default_template).is_file() {
+        tracing::warn!(template = %args.default_template, images = %paths.images_dir.display(),
+            "default template image not found");
+    }
+    anyhow::ensure!(
+        hearth_api::is_valid_template_name(&args.default_template),
+        "invalid --default-template {:?}",
+        args.default_template
+    );
+    let settings = Settings {
+        paths: paths.clone(),
+        default_template: args.default_template.clone(),
+        ready_timeout,
+    };
+    let svc = Sandboxes::new(db, vmm, info, settings);
+    adopt::recover(&svc).await.context("recovering sandboxes")?;
+    tokio::spawn(reaper::reaper(svc.clone()));
+    tokio::spawn(reaper::watcher(svc.clone()));
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    write_atomic(&paths.listen_addr(), format!("{addr}\n").as_bytes())?;
+    tracing::info!(%addr, "listening");
+
+    let state = AppState {
+        sandboxes: svc,
+        keys,
+        metrics: metrics::install(),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut stopped = stop_rx.clone();
+    let server = http::run(listener, state, async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down (VMs keep running for the next start to adopt)");
+        let _ = stop_tx.send(true);
+    });
+    tokio::select! {
+        r = server => r.context("http server")?,
+        _ = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("requests still in flight after the grace period; exiting anyway"),
+    }
+    drop(stop_rx);
+    Ok(())
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

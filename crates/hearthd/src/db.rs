@@ -1,0 +1,414 @@
+//! The state database (SQLite in WAL mode): sandbox rows and the API key hash.
+//!
+//! Every mutating operation of the daemon writes its intent here before acting (a `creating` or `stopping` row),
+//! so that a restart can finish or roll back whatever was in flight. Migrations are numbered by SQLite's
+//! `user_version`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use hearth_api::SandboxState;
+use hearth_vmm::{VmHandle, VmmKind};
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// Schema migrations; `MIGRATIONS[i]` upgrades from `user_version` i to i + 1.
+const MIGRATIONS: &[&str] = &[
+    // 1: sandboxes and the API key hash.
+    "CREATE TABLE sandboxes (
+        id          TEXT PRIMARY KEY NOT NULL,
+        state       TEXT NOT NULL,
+        template    TEXT NOT NULL,
+        vcpus       INTEGER NOT NULL,
+        memory_mib  INTEGER NOT NULL,
+        created_at  INTEGER NOT NULL,  -- unix milliseconds
+        end_at      INTEGER NOT NULL,  -- unix milliseconds
+        env         TEXT NOT NULL,     -- JSON object
+        metadata    TEXT NOT NULL,     -- JSON object
+        vmm         TEXT NOT NULL,
+        handle      TEXT,              -- JSON hearth_vmm::VmHandle once started
+        error       TEXT
+    );
+    CREATE TABLE api_key (
+        id          INTEGER PRIMARY KEY CHECK (id = 1),
+        sha256      BLOB NOT NULL,
+        created_at  INTEGER NOT NULL
+    );",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("database {path}: {source}")]
+    Open { path: PathBuf, source: rusqlite::Error },
+    #[error("database migration to version {version}: {source}")]
+    Migrate { version: usize, source: rusqlite::Error },
+    #[error("database schema version {found} is newer than this hearthd understands ({known})")]
+    TooNew { found: i64, known: usize },
+    #[error("database: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("database row {id}: bad {column}: {detail}")]
+    Corrupt {
+        id: String,
+        column: &'static str,
+        detail: String,
+    },
+}
+
+/// One sandbox as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub state: SandboxState,
+    pub template: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub created_at_ms: i64,
+    pub end_at_ms: i64,
+    pub env: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub vmm: VmmKind,
+    pub handle: Option<VmHandle>,
+    pub error: Option<String>,
+}
+
+/// The database. Statements are short; one connection behind a mutex is enough.
+pub struct Db {
+    conn: Mutex<Connection>,
+}
+
+impl Db {
+    /// Opens (creating if needed) and migrates the database at `path`.
+    pub fn open(path: &Path) -> Result<Db, DbError> {
+        let conn = Connection::open(path).map_err(|source| DbError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::init(conn)
+    }
+
+    /// An in-memory database (tests).
+    pub fn open_in_memory() -> Result<Db, DbError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Db, DbError> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        migrate(&mut conn)?;
+        Ok(Db {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite in a torn state (statements are atomic).
+        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn schema_version(&self) -> Result<i64, DbError> {
+        Ok(self.lock().query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+
+    pub fn api_key_hash(&self) -> Result<Option<[u8; 32]>, DbError> {
+        let blob: Option<Vec<u8>> = self
+            .lock()
+            .query_row("SELECT sha256 FROM api_key WHERE id = 1", [], |r| r.get(0))
+            .optional()?;
+        Ok(blob.and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok()))
+    }
+
+    pub fn set_api_key_hash(&self, hash: &[u8; 32], now_ms: i64) -> Result<(), DbError> {
+        self.lock().execute(
+            "INSERT INTO api_key (id, sha256, created_at) VALUES (1, ?1, ?2)
+             ON CONFLICT (id) DO UPDATE SET sha256 = excluded.sha256, created_at = excluded.created_at",
+            params![hash.as_slice(), now_ms],
+        )?;
+        Ok(())
+    }
+
+    pub fn insert(&self, row: &SandboxRow) -> Result<(), DbError> {
+        self.lock().execute(
+            "INSERT INTO sandboxes (id, state, template, vcpus, memory_mib, created_at, end_at, env, metadata, vmm,
+                                    handle, error)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                row.id,
+                row.state.as_str(),
+                row.template,
+                row.vcpus,
+                row.memory_mib,
+                row.created_at_ms,
+                row.end_at_ms,
+                to_json(&row.env),
+                to_json(&row.metadata),
+                row.vmm.as_str(),
+                row.handle.as_ref().map(to_json),
+                row.error,
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn get(&self, id: &str) -> Result<Option<SandboxRow>, DbError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(&format!("{SELECT} WHERE id = ?1"))?;
+        let raw = stmt.query_row(params![id], RawRow::read).optional()?;
+        raw.map(RawRow::parse).transpose()
+    }
+
+    pub fn list(&self) -> Result<Vec<SandboxRow>, DbError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(&format!("{SELECT} ORDER BY created_at, id"))?;
+        let raws = stmt.query_map([], RawRow::read)?.collect::<Result<Vec<_>, _>>()?;
+        raws.into_iter().map(RawRow::parse).collect()
+    }
+
+    /// Sets the state (and the error, cleared when `None`). Returns false when the row does not exist.
+    pub fn set_state(&self, id: &str, state: SandboxState, error: Option<&str>) -> Result<bool, DbError> {
+        let n = self.lock().execute(
+            "UPDATE sandboxes SET state = ?2, error = ?3 WHERE id = ?1",
+            params![id, state.as_str(), error],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Moves a row from `from` to `to` only if it is in `from`. Returns whether it moved.
+    pub fn transition(&self, id: &str, from: SandboxState, to: SandboxState) -> Result<bool, DbError> {
+        let n = self.lock().execute(
+            "UPDATE sandboxes SET state = ?3 WHERE id = ?1 AND state = ?2",
+            params![id, from.as_str(), to.as_str()],
+        )?;
+        Ok(n == 1)
+    }
+
+    pub fn set_handle(&self, id: &str, handle: &VmHandle) -> Result<(), DbError> {
+        self.lock().execute(
+            "UPDATE sandboxes SET handle = ?2 WHERE id = ?1",
+            params![id, to_json(handle)],
+        )?;
+        Ok(())
+    }
+
+    /// Sets `end_at`. Returns false when the row does not exist.
+    pub fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<bool, DbError> {
+        let n = self.lock().execute(
+            "UPDATE sandboxes SET end_at = ?2 WHERE id = ?1",
+            params![id, end_at_ms],
+        )?;
+        Ok(n == 1)
+    }
+
+    pub fn delete(&self, id: &str) -> Result<bool, DbError> {
+        Ok(self
+            .lock()
+            .execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?
+            == 1)
+    }
+
+    /// Ids of the running or failed sandboxes whose TTL has passed at `now_ms` (a `creating` row belongs to its
+    /// create task, a `stopping` one is already being destroyed).
+    pub fn expired(&self, now_ms: i64) -> Result<Vec<String>, DbError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id FROM sandboxes WHERE end_at <= ?1 AND state IN ('running', 'failed') ORDER BY end_at",
+        )?;
+        let ids = stmt
+            .query_map(params![now_ms], |r| r.get(0))?
+            .collect::<Result<Vec<String>, _>>()?;
+        Ok(ids)
+    }
+}
+
+const SELECT: &str = "SELECT id, state, template, vcpus, memory_mib, created_at, end_at, env, metadata, vmm, handle, \
+                      error FROM sandboxes";
+
+/// A row as SQLite returns it, before the JSON and enum columns are parsed.
+struct RawRow {
+    id: String,
+    state: String,
+    template: String,
+    vcpus: u32,
+    memory_mib: u32,
+    created_at_ms: i64,
+    end_at_ms: i64,
+    env: String,
+    metadata: String,
+    vmm: String,
+    handle: Option<String>,
+    error: Option<String>,
+}
+
+impl RawRow {
+    fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+        Ok(RawRow {
+            id: r.get(0)?,
+            state: r.get(1)?,
+            template: r.get(2)?,
+            vcpus: r.get(3)?,
+            memory_mib: r.get(4)?,
+            created_at_ms: r.get(5)?,
+            end_at_ms: r.get(6)?,
+            env: r.get(7)?,
+            metadata: r.get(8)?,
+            vmm: r.get(9)?,
+            handle: r.get(10)?,
+            error: r.get(11)?,
+        })
+    }
+
+    fn parse(self) -> Result<SandboxRow, DbError> {
+        let id = self.id;
+        let corrupt = |column, detail: String| DbError::Corrupt {
+            id: id.clone(),
+            column,
+            detail,
+        };
+        let state = SandboxState::parse(&self.state).ok_or_else(|| corrupt("state", self.state.clone()))?;
+        let vmm = serde_json::from_value(serde_json::Value::String(self.vmm.clone()))
+            .map_err(|e| corrupt("vmm", e.to_string()))?;
+        let env = serde_json::from_str(&self.env).map_err(|e| corrupt("env", e.to_string()))?;
+        let metadata =
+            serde_json::from_str(&self.metadata).map_err(|e| corrupt("metadata", e.to_string()))?;
+        let handle = match self.handle {
+            Some(h) => Some(serde_json::from_str(&h).map_err(|e| corrupt("handle", e.to_string()))?),
+            None => None,
+        };
+        Ok(SandboxRow {
+            id: id.clone(),
+            state,
+            template: self.template,
+            vcpus: self.vcpus,
+            memory_mib: self.memory_mib,
+            created_at_ms: self.created_at_ms,
+            end_at_ms: self.end_at_ms,
+            env,
+            metadata,
+            vmm,
+            handle,
+            error: self.error,
+        })
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    // Maps of strings and plain structs always serialize.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), DbError> {
+    let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if found < 0 || found as usize > MIGRATIONS.len() {
+        return Err(DbError::TooNew {
+            found,
+            known: MIGRATIONS.len(),
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = i + 1;
+        let tx = conn
+            .transaction()
+            .map_err(|source| DbError::Migrate { version, source })?;
+        tx.execute_batch(sql)
+            .map_err(|source| DbError::Migrate { version, source })?;
+        tx.pragma_update(None, "user_version", version as i64)
+            .map_err(|source| DbError::Migrate { version, source })?;
+        tx.commit()
+            .map_err(|source| DbError::Migrate { version, source })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str) -> SandboxRow {
+        SandboxRow {
+            id: id.to_string(),
+            state: SandboxState::Creating,
+            template: "minimal".into(),
+            vcpus: 1,
+            memory_mib: 256,
+            created_at_ms: 1_000,
+            end_at_ms: 5_000,
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            metadata: BTreeMap::from([("k".into(), "v".into())]),
+            vmm: VmmKind::Qemu,
+            handle: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn migrates_to_latest_and_reopens() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("state.db");
+        {
+            let db = Db::open(&path)?;
+            assert_eq!(db.schema_version()?, MIGRATIONS.len() as i64);
+            db.insert(&row("sbx_0000000000000001"))?;
+        }
+        let db = Db::open(&path)?;
+        assert_eq!(db.schema_version()?, MIGRATIONS.len() as i64);
+        assert_eq!(db.list()?.len(), 1);
+        let mode: String = db.lock().query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        assert_eq!(mode, "wal");
+        Ok(())
+    }
+
+    #[test]
+    fn refuses_a_newer_schema() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("state.db");
+        {
+            let conn = Connection::open(&path)?;
+            conn.pragma_update(None, "user_version", 99)?;
+        }
+        assert!(matches!(Db::open(&path), Err(DbError::TooNew { found: 99, .. })));
+        Ok(())
+    }
+
+    #[test]
+    fn row_round_trip_and_state_changes() -> Result<(), Box<dyn std::error::Error>> {
+        let db = Db::open_in_memory()?;
+        let mut r = row("sbx_00000000000000aa");
+        db.insert(&r)?;
+        let handle = VmHandle {
+            kind: VmmKind::Qemu,
+            pid: 42,
+            start_ticks: 7,
+            run_dir: PathBuf::from("/tmp/x"),
+        };
+        db.set_handle(&r.id, &handle)?;
+        assert!(db.transition(&r.id, SandboxState::Creating, SandboxState::Running)?);
+        assert!(!db.transition(&r.id, SandboxState::Creating, SandboxState::Running)?);
+        r.handle = Some(handle);
+        r.state = SandboxState::Running;
+        assert_eq!(db.get(&r.id)?, Some(r.clone()));
+        assert_eq!(db.expired(4_999)?, Vec::<String>::new());
+        assert_eq!(db.expired(5_000)?, vec![r.id.clone()]);
+        db.insert(&row("sbx_00000000000000bb"))?;
+        assert_eq!(
+            db.expired(9_000)?,
+            vec![r.id.clone()],
+            "creating rows are not reaped"
+        );
+        assert!(db.set_state(&r.id, SandboxState::Failed, Some("boom"))?);
+        assert_eq!(db.get(&r.id)?.and_then(|r| r.error), Some("boom".into()));
+        assert!(db.delete(&r.id)?);
+        assert_eq!(db.get(&r.id)?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn api_key_hash_is_stored_alone() -> Result<(), Box<dyn std::error::Error>> {
+        let db = Db::open_in_memory()?;
+        assert_eq!(db.api_key_hash()?, None);
+        db.set_api_key_hash(&[7u8; 32], 1)?;
+        db.set_api_key_hash(&[8u8; 32], 2)?;
+        assert_eq!(db.api_key_hash()?, Some([8u8; 32]));
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! The HTTP API: routes, middleware and [`run`].
+//!
+//! Handlers are thin: extract (through the extractors of [`error`], which turn every bad input into a typed
+//! error), call one [`Sandboxes`] method, map its error. Route modules: [`sandboxes`], [`commands`], [`files`],
+//! [`system`]; streamed command output lives in [`sse`].
+//!
+//! Timeouts: routes that answer promptly get a request timeout (a stuck client or guest cannot pin a request
+//! forever); creating waits for the VM; streaming routes (commands, file content, wait) are bounded by their own
+//! deadlines and by the client reading.
+
+pub mod commands;
+pub mod error;
+pub mod files;
+pub mod sandboxes;
+pub mod sse;
+pub mod system;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::handler::Handler;
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hearth_api::ErrorCode;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::auth::KeyCheck;
+use crate::service::Sandboxes;
+use error::ApiError;
+
+/// Body limit of JSON (and other buffered) routes.
+pub const JSON_LIMIT: usize = 1024 * 1024;
+/// Request timeout of the routes that answer promptly.
+pub const QUICK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub sandboxes: Arc<Sandboxes>,
+    pub keys: KeyCheck,
+    pub metrics: Option<PrometheusHandle>,
+}
+
+fn quick() -> TimeoutLayer {
+    TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, QUICK_TIMEOUT)
+}
+
+/// The whole API as a router (tests call it without a socket).
+pub fn app(state: AppState) -> Router {
+    let create_timeout = state.sandboxes.settings().ready_timeout + Duration::from_secs(90);
+    let create = TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, create_timeout);
+    let v1 = Router::new()
+        .route(
+            "/sandboxes",
+            post(sandboxes::create.layer(create)).get(sandboxes::list.layer(quick())),
+        )
+        .route(
+            "/sandboxes/{id}",
+            get(sandboxes::get.layer(quick())).delete(sandboxes::destroy.layer(quick())),
+        )
+        .route(
+            "/sandboxes/{id}/timeout",
+            post(sandboxes::set_timeout.layer(quick())),
+        )
+        .route("/sandboxes/{id}/commands", post(commands::run))
+        .route(
+            "/sandboxes/{id}/processes",
+            get(commands::processes.layer(quick())),
+        )
+        .route("/sandboxes/{id}/processes/{pid}/wait", post(commands::wait))
+        .route(
+            "/sandboxes/{id}/processes/{pid}/kill",
+            post(commands::kill.layer(quick())),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}/stdin",
+            post(commands::stdin.layer(quick())),
+        )
+        .route(
+            "/sandboxes/{id}/files",
+            get(files::read)
+                // The upload streams with its own cap (files::MAX_UPLOAD) instead of the JSON limit.
+                .put(files::write.layer(DefaultBodyLimit::disable()))
+                .delete(files::remove.layer(quick())),
+        )
+        .route("/sandboxes/{id}/files/stat", get(files::stat.layer(quick())))
+        .route("/sandboxes/{id}/files/list", get(files::list.layer(quick())))
+        .route("/sandboxes/{id}/files/mkdir", post(files::mkdir.layer(quick())))
+        .route("/sandboxes/{id}/files/rename", post(files::rename.layer(quick())))
+        .route("/system", get(system::system.layer(quick())))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .route_layer(middleware::from_fn(count_requests));
+    Router::new()
+        .route("/healthz", get(system::healthz))
+        .route("/metrics", get(system::metrics))
+        .route("/openapi.json", get(system::openapi))
+        .route_layer(middleware::from_fn(count_requests))
+        .nest("/v1", v1)
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(JSON_LIMIT))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then finishes the requests in flight.
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Rejects `/v1` requests without the right `Authorization: Bearer <key>`.
+async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let ok = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .is_some_and(|v| st.keys.verify_header(v.as_bytes()));
+    if !ok {
+        return ApiError::new(
+            ErrorCode::Unauthorized,
+            "missing or wrong API key (Authorization: Bearer <key>)",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// Counts requests by route pattern (never the raw path: ids would explode the label set) and status.
+/// Installed as a route layer, where the matched pattern is known; fallbacks count themselves.
+async fn count_requests(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_string();
+    let method = req.method().as_str().to_string();
+    let resp = next.run(req).await;
+    crate::metrics::http_request(route, method, resp.status().as_u16());
+    resp
+}
+
+async fn unknown_route(method: axum::http::Method) -> ApiError {
+    crate::metrics::http_request("unmatched".into(), method.as_str().to_string(), 404);
+    ApiError::new(ErrorCode::UnknownRoute, "no such route")
+}
+
+async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    crate::metrics::http_request("unmatched".into(), method.as_str().to_string(), 405);
+    ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this route")
+}
+
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!(panic = %what, "handler panicked");
+    ApiError::new(ErrorCode::Internal, "internal error").into_response()
+}

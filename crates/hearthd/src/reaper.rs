@@ -1,0 +1,118 @@
+//! Background tasks: the TTL reaper (destroys sandboxes whose `end_at` passed; `end_at` is persisted, so this
+//! works across restarts) and the health watcher (marks a sandbox `failed` when its VM process died or its
+//! agent channel closed and could not be re-established).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::service::agent::RECONNECT_WINDOW;
+use crate::service::{Sandboxes, now_ms};
+
+const REAP_EVERY: Duration = Duration::from_secs(1);
+const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// Ids with a task in flight, so that a slow destroy or reconnect is not started twice.
+#[derive(Default, Clone)]
+struct InFlight(Arc<Mutex<HashSet<String>>>);
+
+impl InFlight {
+    fn try_claim(&self, id: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string())
+    }
+
+    fn release(&self, id: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+}
+
+/// Runs the TTL reaper forever.
+pub async fn reaper(svc: Arc<Sandboxes>) {
+    let busy = InFlight::default();
+    let mut tick = tokio::time::interval(REAP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let expired = match svc.db().expired(now_ms()) {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::error!(error = %e, "reaper: listing expired sandboxes");
+                continue;
+            }
+        };
+        for id in expired {
+            if !busy.try_claim(&id) {
+                continue;
+            }
+            let (svc, busy) = (svc.clone(), busy.clone());
+            tokio::spawn(async move {
+                tracing::info!(sandbox = %id, "TTL expired");
+                if let Err(e) = svc.destroy(&id, "ttl").await {
+                    tracing::warn!(sandbox = %id, error = %e, "reaper: destroy failed");
+                }
+                busy.release(&id);
+            });
+        }
+    }
+}
+
+/// Runs the health watcher forever.
+pub async fn watcher(svc: Arc<Sandboxes>) {
+    let busy = InFlight::default();
+    let mut tick = tokio::time::interval(WATCH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let lives: Vec<_> = svc
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for live in lives {
+            if !busy.try_claim(&live.id) {
+                continue;
+            }
+            let (svc, busy) = (svc.clone(), busy.clone());
+            tokio::spawn(async move {
+                check_one(&svc, &live).await;
+                busy.release(&live.id);
+            });
+        }
+    }
+}
+
+async fn check_one(svc: &Sandboxes, live: &crate::service::Live) {
+    let result = if !svc.vmm.is_alive(&live.handle) {
+        svc.fail(&live.id, "VM process exited").await
+    } else if live.current().is_none() {
+        match svc.ensure_connected(live, RECONNECT_WINDOW).await {
+            Ok(_) => Ok(()),
+            // Still gone after the window: nobody can use this sandbox any more.
+            Err(e) => {
+                if svc.vmm.is_alive(&live.handle) && still_live(svc, live) {
+                    svc.fail(&live.id, &e.to_string()).await
+                } else if still_live(svc, live) {
+                    svc.fail(&live.id, "VM process exited").await
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    } else {
+        Ok(())
+    };
+    if let Err(e) = result {
+        tracing::warn!(sandbox = %live.id, error = %e, "health watcher");
+    }
+}
+
+/// True while `live` is still the registered live record (not destroyed meanwhile).
+fn still_live(svc: &Sandboxes, live: &crate::service::Live) -> bool {
+    svc.live(&live.id)
+        .is_some_and(|l| std::ptr::eq(Arc::as_ptr(&l), live))
+}

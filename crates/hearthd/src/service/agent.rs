@@ -1,0 +1,161 @@
+//! The agent connection of each running sandbox: first connect (with retries until the readiness deadline),
+//! lookup for requests, and reconnect after the channel dropped.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hearth_api::SandboxState;
+use hearth_proto::client::AgentClient;
+use hearth_vmm::VmHandle;
+use tokio::time::Instant;
+
+use super::{Sandboxes, ServiceError};
+
+/// How long one handshake attempt may take. A guest that is still booting does not answer at all, so attempts
+/// must be short for readiness to be noticed quickly.
+const HANDSHAKE_TRY: Duration = Duration::from_secs(3);
+/// Pause between connection attempts.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// How long a request waits for a dropped channel to come back before it fails.
+pub(crate) const RECONNECT_WINDOW: Duration = Duration::from_secs(5);
+
+/// A running sandbox as the daemon holds it in memory.
+pub struct Live {
+    pub id: String,
+    pub handle: VmHandle,
+    /// Environment every command of the sandbox starts with.
+    pub env: BTreeMap<String, String>,
+    client: tokio::sync::Mutex<Option<AgentClient>>,
+}
+
+impl Live {
+    pub fn new(
+        id: String,
+        handle: VmHandle,
+        env: BTreeMap<String, String>,
+        client: Option<AgentClient>,
+    ) -> Self {
+        Live {
+            id,
+            handle,
+            env,
+            client: tokio::sync::Mutex::new(client),
+        }
+    }
+
+    /// The current connection if it is open (does not wait for a reconnect in progress).
+    pub fn current(&self) -> Option<AgentClient> {
+        self.client
+            .try_lock()
+            .ok()
+            .and_then(|c| c.as_ref().filter(|c| !c.is_closed()).cloned())
+    }
+
+    /// Closes the connection (the VM is going away).
+    pub async fn close(&self) {
+        if let Some(c) = self.client.lock().await.take() {
+            c.close();
+        }
+    }
+}
+
+impl Sandboxes {
+    /// Connects to the agent of `vm`, retrying until `deadline`. Gives up early when the VM process is gone.
+    pub(crate) async fn connect_agent_until(
+        &self,
+        vm: &VmHandle,
+        deadline: Instant,
+    ) -> Result<AgentClient, String> {
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let last = match self.vmm.connect_agent(vm).await {
+                Ok(stream) => {
+                    match AgentClient::connect(stream, HANDSHAKE_TRY.min(remaining.max(RETRY_PAUSE))).await {
+                        Ok(client) => return Ok(client),
+                        Err(e) => format!("handshake: {e}"),
+                    }
+                }
+                Err(e) => e.to_string(),
+            };
+            if !self.vmm.is_alive(vm) {
+                return Err(format!("VM process exited ({last})"));
+            }
+            if Instant::now() + RETRY_PAUSE >= deadline {
+                return Err(last);
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// The live record of a running sandbox (for its env and handle), without touching the agent.
+    pub(crate) fn live(&self, id: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub(crate) fn set_live(&self, live: Arc<Live>) {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(live.id.clone(), live);
+    }
+
+    pub(crate) fn take_live(&self, id: &str) -> Option<Arc<Live>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(id)
+    }
+
+    /// The agent connection of running sandbox `id`, reconnecting once if the channel dropped.
+    pub(crate) async fn agent(&self, id: &str) -> Result<(Arc<Live>, AgentClient), ServiceError> {
+        if !hearth_api::is_valid_sandbox_id(id) {
+            return Err(ServiceError::no_sandbox(id));
+        }
+        let row = self.db.get(id)?.ok_or_else(|| ServiceError::no_sandbox(id))?;
+        if row.state != SandboxState::Running {
+            let why = row.error.map(|e| format!(": {e}")).unwrap_or_default();
+            return Err(ServiceError::Conflict(format!(
+                "sandbox {id} is {}{why}",
+                row.state.as_str()
+            )));
+        }
+        let live = self
+            .live(id)
+            .ok_or_else(|| ServiceError::AgentUnavailable(format!("sandbox {id} has no agent connection")))?;
+        let client = self.ensure_connected(&live, RECONNECT_WINDOW).await?;
+        Ok((live, client))
+    }
+
+    /// Returns the open connection of `live`, or opens a new one within `window`.
+    pub(crate) async fn ensure_connected(
+        &self,
+        live: &Live,
+        window: Duration,
+    ) -> Result<AgentClient, ServiceError> {
+        let mut guard = live.client.lock().await;
+        if let Some(c) = guard.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let old_reason = guard.as_ref().and_then(|c| c.close_reason());
+        *guard = None;
+        match self
+            .connect_agent_until(&live.handle, Instant::now() + window)
+            .await
+        {
+            Ok(c) => {
+                tracing::info!(sandbox = %live.id, "agent channel re-established");
+                *guard = Some(c.clone());
+                Ok(c)
+            }
+            Err(e) => {
+                let prev = old_reason.map(|r| format!(" after {r}")).unwrap_or_default();
+                Err(ServiceError::AgentUnavailable(format!(
+                    "agent channel of {} lost{prev}: {e}",
+                    live.id
+                )))
+            }
+        }
+    }
+}

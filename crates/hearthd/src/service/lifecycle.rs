@@ -1,0 +1,575 @@
+//! Sandbox lifecycle: create, look up, list, destroy, TTL changes, failure marking, and the system report.
+//!
+//! Create and destroy run in their own tasks so that a client hanging up (or a request timeout) cannot stop
+//! them half way: the intent row is always finished or rolled back.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
+use std::time::Duration;
+
+use hearth_api::{Capacity, CreateSandboxRequest, Sandbox, SandboxState, SystemInfo};
+use hearth_vmm::{VmHandle, VmSpec};
+use rand::RngCore;
+use tokio::time::Instant;
+
+use super::{Live, Sandboxes, ServiceError, clip, now_ms};
+use crate::db::SandboxRow;
+use crate::metrics;
+
+pub const VCPUS: std::ops::RangeInclusive<u32> = 1..=16;
+pub const MEMORY_MIB: std::ops::RangeInclusive<u32> = 128..=16384;
+pub const TIMEOUT_S: std::ops::RangeInclusive<u64> = 1..=86400;
+const DEFAULT_VCPUS: u32 = 1;
+const DEFAULT_MEMORY_MIB: u32 = 512;
+const DEFAULT_TIMEOUT_S: u64 = 300;
+/// Limits on env and metadata, so that everything fits in one protocol header with room to spare.
+const MAX_ENV_BYTES: usize = 32 * 1024;
+const MAX_METADATA_ENTRIES: usize = 64;
+const MAX_METADATA_KEY: usize = 64;
+const MAX_METADATA_VALUE: usize = 512;
+
+/// A validated create request.
+struct CreatePlan {
+    template: String,
+    vcpus: u32,
+    memory_mib: u32,
+    timeout_s: u64,
+    env: BTreeMap<String, String>,
+    metadata: BTreeMap<String, String>,
+}
+
+/// Checks environment variable names (`[A-Za-z_][A-Za-z0-9_]*`) and values (no NUL), and the total size.
+pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ServiceError> {
+    let mut total = 0;
+    for (k, v) in env {
+        let ok_name = k
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !ok_name {
+            return Err(ServiceError::InvalidArgument(format!(
+                "invalid environment variable name {:?}",
+                clip(k, 64)
+            )));
+        }
+        if v.contains('\0') {
+            return Err(ServiceError::InvalidArgument(format!(
+                "environment variable {k} contains NUL"
+            )));
+        }
+        total += k.len() + v.len() + 2;
+    }
+    if total > MAX_ENV_BYTES {
+        return Err(ServiceError::InvalidArgument(format!(
+            "environment larger than {MAX_ENV_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
+fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ServiceError> {
+    if metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(ServiceError::InvalidArgument(format!(
+            "more than {MAX_METADATA_ENTRIES} metadata entries"
+        )));
+    }
+    for (k, v) in metadata {
+        let ok_key = !k.is_empty()
+            && k.len() <= MAX_METADATA_KEY
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/'));
+        if !ok_key {
+            return Err(ServiceError::InvalidArgument(format!(
+                "invalid metadata key {:?}",
+                clip(k, 64)
+            )));
+        }
+        if v.len() > MAX_METADATA_VALUE || v.contains('\0') {
+            return Err(ServiceError::InvalidArgument(format!(
+                "metadata value of {k} is too long or has NUL"
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub fn validate_timeout(timeout_s: u64) -> Result<(), ServiceError> {
+    if !TIMEOUT_S.contains(&timeout_s) {
+        return Err(ServiceError::InvalidArgument(format!(
+            "timeout_s must be between {} and {}",
+            TIMEOUT_S.start(),
+            TIMEOUT_S.end()
+        )));
+    }
+    Ok(())
+}
+
+/// A fresh sandbox id: `sbx_` + 16 random hex digits.
+pub fn new_sandbox_id() -> String {
+    let mut bytes = [0u8; 8];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("sbx_{}", hex::encode(bytes))
+}
+
+/// RFC 3339 form of a unix-milliseconds time.
+pub fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+/// The last lines of a VM's console log, made printable (the guest writes it: untrusted).
+pub fn console_tail(run_dir: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(run_dir.join("console.log")).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| l.chars().filter(|c| !c.is_control()).collect::<String>())
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    let tail = lines[lines.len().saturating_sub(6)..].join(" | ");
+    (!tail.is_empty()).then(|| clip(&tail, 1500))
+}
+
+impl Sandboxes {
+    fn plan(&self, req: CreateSandboxRequest) -> Result<CreatePlan, ServiceError> {
+        let template = req
+            .template
+            .unwrap_or_else(|| self.settings.default_template.clone());
+        if !hearth_api::is_valid_template_name(&template) {
+            return Err(ServiceError::InvalidArgument(format!(
+                "invalid template name {:?} (expected [a-z0-9-], 1-63 characters)",
+                clip(&template, 64)
+            )));
+        }
+        let vcpus = req.vcpus.unwrap_or(DEFAULT_VCPUS);
+        if !VCPUS.contains(&vcpus) {
+            return Err(ServiceError::InvalidArgument(format!(
+                "vcpus must be between {} and {}",
+                VCPUS.start(),
+                VCPUS.end()
+            )));
+        }
+        let memory_mib = req.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
+        if !MEMORY_MIB.contains(&memory_mib) {
+            return Err(ServiceError::InvalidArgument(format!(
+                "memory_mib must be between {} and {}",
+                MEMORY_MIB.start(),
+                MEMORY_MIB.end()
+            )));
+        }
+        let timeout_s = req.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+        validate_timeout(timeout_s)?;
+        validate_env(&req.env)?;
+        validate_metadata(&req.metadata)?;
+        if !self.settings.paths.template_image(&template).is_file() {
+            return Err(ServiceError::NotFound(format!("template {template} not found")));
+        }
+        Ok(CreatePlan {
+            template,
+            vcpus,
+            memory_mib,
+            timeout_s,
+            env: req.env,
+            metadata: req.metadata,
+        })
+    }
+
+    /// Creates a sandbox and returns once its agent answers.
+    pub async fn create(
+        self: &std::sync::Arc<Self>,
+        req: CreateSandboxRequest,
+    ) -> Result<Sandbox, ServiceError> {
+        let plan = self.plan(req)?;
+        let started = Instant::now();
+        let now = now_ms();
+        let mut id = new_sandbox_id();
+        while self.db.get(&id)?.is_some() {
+            id = new_sandbox_id();
+        }
+        let row = SandboxRow {
+            id: id.clone(),
+            state: SandboxState::Creating,
+            template: plan.template.clone(),
+            vcpus: plan.vcpus,
+            memory_mib: plan.memory_mib,
+            created_at_ms: now,
+            end_at_ms: now.saturating_add(i64::try_from(plan.timeout_s * 1000).unwrap_or(i64::MAX)),
+            env: plan.env.clone(),
+            metadata: plan.metadata,
+            vmm: self.vmm.kind(),
+            handle: None,
+            error: None,
+        };
+        // The intent goes to disk before anything is started.
+        self.db.insert(&row)?;
+        let this = self.clone();
+        let task = tokio::spawn(async move { this.boot(row).await });
+        let result = match task.await {
+            Ok(r) => r,
+            Err(e) => {
+                // The boot task died (a panic in a driver): roll back what it may have left.
+                let handle = self.db.get(&id).ok().flatten().and_then(|r| r.handle);
+                self.teardown(&id, handle.as_ref()).await;
+                let _ = self.db.delete(&id);
+                Err(ServiceError::Internal(format!("create task failed: {e}")))
+            }
+        };
+        metrics::sandbox_created(result.is_ok(), started.elapsed());
+        match &result {
+            Ok(_) => tracing::info!(sandbox = %id, secs = started.elapsed().as_secs_f64(), "sandbox running"),
+            Err(e) => tracing::warn!(sandbox = %id, error = %e, "sandbox create failed"),
+        }
+        result
+    }
+
+    /// Boots the VM of a `creating` row; on failure everything of it is removed again.
+    async fn boot(&self, row: SandboxRow) -> Result<Sandbox, ServiceError> {
+        let lock = self.op_lock(&row.id);
+        let _guard = lock.lock().await;
+        let dir = self.settings.paths.sandbox_dir(&row.id);
+        let mut handle = None;
+        match self.boot_steps(&row, &dir, &mut handle).await {
+            Ok(live) => {
+                if !self
+                    .db
+                    .transition(&row.id, SandboxState::Creating, SandboxState::Running)?
+                {
+                    live.close().await;
+                    self.teardown(&row.id, handle.as_ref()).await;
+                    let _ = self.db.delete(&row.id);
+                    return Err(ServiceError::Conflict(format!(
+                        "sandbox {} was removed while starting",
+                        row.id
+                    )));
+                }
+                self.set_live(live);
+                let row = self
+                    .db
+                    .get(&row.id)?
+                    .ok_or_else(|| ServiceError::no_sandbox(&row.id))?;
+                Ok(self.to_api(&row))
+            }
+            Err(reason) => {
+                let console = console_tail(&dir)
+                    .map(|c| format!(" (console: {c})"))
+                    .unwrap_or_default();
+                self.teardown(&row.id, handle.as_ref()).await;
+                self.db.delete(&row.id)?;
+                Err(ServiceError::VmmFailed(format!("{reason}{console}")))
+            }
+        }
+    }
+
+    async fn boot_steps(
+        &self,
+        row: &SandboxRow,
+        dir: &Path,
+        handle: &mut Option<VmHandle>,
+    ) -> Result<std::sync::Arc<Live>, String> {
+        let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
+        std::fs::create_dir_all(self.settings.paths.sandboxes_dir()).map_err(|e| io("create", e))?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io("create", e))?;
+        let base = self.settings.paths.template_image(&row.template);
+        let disk = self
+            .vmm
+            .prepare_disk(&base, dir)
+            .await
+            .map_err(|e| format!("preparing the disk: {e}"))?;
+        let spec = VmSpec {
+            id: row.id.clone(),
+            vcpus: row.vcpus,
+            memory_mib: row.memory_mib,
+            images: self.settings.paths.boot_images(),
+            disk,
+            run_dir: dir.to_path_buf(),
+            hostname: row.id.replace('_', "-"),
+        };
+        let vm = self
+            .vmm
+            .start(&spec)
+            .await
+            .map_err(|e| format!("starting the VM: {e}"))?;
+        *handle = Some(vm.clone());
+        // Recorded at once so that a restart finds (and stops) this VM even if we die right now.
+        self.db.set_handle(&row.id, &vm).map_err(|e| e.to_string())?;
+        let timeout = self.settings.ready_timeout;
+        let client = self
+            .connect_agent_until(&vm, Instant::now() + timeout)
+            .await
+            .map_err(|e| {
+                if e.starts_with("VM process exited") {
+                    e
+                } else {
+                    format!("guest agent not ready after {} s: {e}", timeout.as_secs())
+                }
+            })?;
+        // The handshake proves the agent serves requests; a ping round trip proves the channel carries them.
+        tokio::time::timeout(Duration::from_secs(10), client.ping())
+            .await
+            .map_err(|_| "guest agent did not answer a ping".to_string())?
+            .map_err(|e| format!("guest agent ping: {e}"))?;
+        Ok(std::sync::Arc::new(Live::new(
+            row.id.clone(),
+            vm,
+            row.env.clone(),
+            Some(client),
+        )))
+    }
+
+    /// Stops the VM (if any) and removes the sandbox's files. Never fails: what cannot be removed is logged.
+    pub(crate) async fn teardown(&self, id: &str, handle: Option<&VmHandle>) {
+        let dir = self.settings.paths.sandbox_dir(id);
+        if let Some(h) = handle {
+            if h.kind == self.vmm.kind()
+                && let Err(e) = self.vmm.stop(h).await
+            {
+                tracing::warn!(sandbox = %id, error = %e, "stopping the VM failed; killing it");
+            }
+            crate::adopt::kill_vm_process(h);
+        }
+        crate::adopt::kill_dir_processes(&dir);
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(sandbox = %id, error = %e, "removing the sandbox directory failed");
+        }
+    }
+
+    /// Destroys a sandbox: `stopping` → stop the VM → remove its files → delete the row.
+    pub async fn destroy(
+        self: &std::sync::Arc<Self>,
+        id: &str,
+        reason: &'static str,
+    ) -> Result<(), ServiceError> {
+        let row = self.row(id)?;
+        if row.state == SandboxState::Creating {
+            return Err(ServiceError::Conflict(format!(
+                "sandbox {id} is still being created"
+            )));
+        }
+        let this = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move { this.destroy_now(&id, reason).await })
+            .await
+            .unwrap_or_else(|e| Err(ServiceError::Internal(format!("destroy task: {e}"))))
+    }
+
+    async fn destroy_now(&self, id: &str, reason: &'static str) -> Result<(), ServiceError> {
+        let lock = self.op_lock(id);
+        let _guard = lock.lock().await;
+        // Someone else may have destroyed it while we waited: that is what was asked.
+        let Some(row) = self.db.get(id)? else {
+            return Ok(());
+        };
+        if row.state == SandboxState::Creating {
+            return Err(ServiceError::Conflict(format!(
+                "sandbox {id} is still being created"
+            )));
+        }
+        self.db
+            .set_state(id, SandboxState::Stopping, row.error.as_deref())?;
+        if let Some(live) = self.take_live(id) {
+            live.close().await;
+        }
+        self.teardown(id, row.handle.as_ref()).await;
+        self.db.delete(id)?;
+        metrics::sandbox_destroyed(reason);
+        tracing::info!(sandbox = %id, reason, "sandbox destroyed");
+        Ok(())
+    }
+
+    /// Marks a running sandbox `failed` with `reason`, stops what is left of its VM and removes its files. The
+    /// row stays (with the reason) until it is deleted or its TTL passes.
+    pub async fn fail(&self, id: &str, reason: &str) -> Result<(), ServiceError> {
+        let lock = self.op_lock(id);
+        let _guard = lock.lock().await;
+        let Some(row) = self.db.get(id)? else {
+            return Ok(());
+        };
+        if row.state != SandboxState::Running {
+            return Ok(());
+        }
+        let dir = self.settings.paths.sandbox_dir(id);
+        let console = console_tail(&dir)
+            .map(|c| format!(" (console: {c})"))
+            .unwrap_or_default();
+        let reason = format!("{reason}{console}");
+        self.db.set_state(id, SandboxState::Failed, Some(&reason))?;
+        tracing::warn!(sandbox = %id, reason = %reason, "sandbox failed");
+        if let Some(live) = self.take_live(id) {
+            live.close().await;
+        }
+        self.teardown(id, row.handle.as_ref()).await;
+        metrics::sandbox_failed();
+        Ok(())
+    }
+
+    /// The row of `id`, or `not_found` (also for ids that are not well-formed).
+    pub(crate) fn row(&self, id: &str) -> Result<SandboxRow, ServiceError> {
+        if !hearth_api::is_valid_sandbox_id(id) {
+            return Err(ServiceError::no_sandbox(id));
+        }
+        self.db.get(id)?.ok_or_else(|| ServiceError::no_sandbox(id))
+    }
+
+    pub fn get(&self, id: &str) -> Result<Sandbox, ServiceError> {
+        Ok(self.to_api(&self.row(id)?))
+    }
+
+    /// Lists sandboxes, filtered by `state=` and `metadata.<key>=<value>` query pairs.
+    pub fn list(&self, filters: &[(String, String)]) -> Result<Vec<Sandbox>, ServiceError> {
+        let mut state = None;
+        let mut meta = Vec::new();
+        for (k, v) in filters {
+            if k == "state" {
+                state = Some(SandboxState::parse(v).ok_or_else(|| {
+                    ServiceError::InvalidArgument(format!("unknown state {:?}", clip(v, 32)))
+                })?);
+            } else if let Some(key) = k.strip_prefix("metadata.") {
+                meta.push((key, v));
+            } else {
+                return Err(ServiceError::InvalidArgument(format!(
+                    "unknown filter {:?}",
+                    clip(k, 64)
+                )));
+            }
+        }
+        let rows = self.db.list()?;
+        Ok(rows
+            .iter()
+            .filter(|r| state.is_none_or(|s| r.state == s))
+            .filter(|r| meta.iter().all(|(k, v)| r.metadata.get(*k) == Some(*v)))
+            .map(|r| self.to_api(r))
+            .collect())
+    }
+
+    /// Resets the TTL to `timeout_s` from now.
+    pub fn set_timeout(&self, id: &str, timeout_s: u64) -> Result<Sandbox, ServiceError> {
+        validate_timeout(timeout_s)?;
+        let row = self.row(id)?;
+        if row.state == SandboxState::Stopping {
+            return Err(ServiceError::Conflict(format!("sandbox {id} is being destroyed")));
+        }
+        let end = now_ms().saturating_add(i64::try_from(timeout_s * 1000).unwrap_or(i64::MAX));
+        if !self.db.set_end_at(id, end)? {
+            return Err(ServiceError::no_sandbox(id));
+        }
+        self.get(id)
+    }
+
+    pub(crate) fn to_api(&self, row: &SandboxRow) -> Sandbox {
+        Sandbox {
+            id: row.id.clone(),
+            state: row.state,
+            template: row.template.clone(),
+            vcpus: row.vcpus,
+            memory_mib: row.memory_mib,
+            created_at: rfc3339(row.created_at_ms),
+            end_at: rfc3339(row.end_at_ms),
+            metadata: row.metadata.clone(),
+            vmm: row.vmm.as_str().to_string(),
+            error: row.error.clone(),
+        }
+    }
+
+    /// The host report of `GET /v1/system`.
+    pub fn system(&self) -> Result<SystemInfo, ServiceError> {
+        let rows = self.db.list()?;
+        let active = rows
+            .iter()
+            .filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Creating));
+        let (mut n, mut vcpus, mut mem) = (0u32, 0u32, 0u64);
+        for r in active {
+            n += 1;
+            vcpus += r.vcpus;
+            mem += u64::from(r.memory_mib);
+        }
+        Ok(SystemInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            vmm: self.vmm.kind().as_str().to_string(),
+            accel: self.vmm.accel().as_str().to_string(),
+            vmm_reason: self.info.reason.clone(),
+            checks: self.info.checks.clone(),
+            capacity: Capacity {
+                host_cpus: std::thread::available_parallelism()
+                    .map(|n| n.get() as u32)
+                    .unwrap_or(1),
+                host_memory_mib: host_memory_mib(),
+                sandboxes_running: n,
+                vcpus_allocated: vcpus,
+                memory_mib_allocated: mem,
+            },
+            templates: self.settings.paths.templates(),
+            default_template: self.settings.default_template.clone(),
+        })
+    }
+}
+
+fn host_memory_mib() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib / 1024)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_valid_and_distinct() {
+        let a = new_sandbox_id();
+        assert!(hearth_api::is_valid_sandbox_id(&a), "{a}");
+        assert_ne!(a, new_sandbox_id());
+    }
+
+    #[test]
+    fn env_names_are_checked() {
+        let ok = BTreeMap::from([
+            ("A_1".to_string(), "x y".to_string()),
+            ("_b".into(), String::new()),
+        ]);
+        assert!(validate_env(&ok).is_ok());
+        for bad in ["", "1A", "A-B", "A=B", "Ä"] {
+            assert!(
+                validate_env(&BTreeMap::from([(bad.to_string(), "v".to_string())])).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(validate_env(&BTreeMap::from([("A".to_string(), "a\0b".to_string())])).is_err());
+    }
+
+    #[test]
+    fn rfc3339_formats_millis() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_500), "1970-01-01T00:00:01.5Z");
+    }
+
+    #[test]
+    fn console_tail_is_printable() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        assert_eq!(console_tail(dir.path()), None);
+        std::fs::write(
+            dir.path().join("console.log"),
+            b"boot\n\x1b[31mred\x1b[0m\n\nlast line\n",
+        )?;
+        let tail = console_tail(dir.path()).unwrap_or_default();
+        assert_eq!(tail, "boot | [31mred[0m | last line");
+        Ok(())
+    }
+}

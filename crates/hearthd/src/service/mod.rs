@@ -1,0 +1,217 @@
+//! The service layer: everything the HTTP handlers ask of the daemon, as methods of [`Sandboxes`] returning
+//! typed [`ServiceError`]s. Nothing here knows about HTTP.
+//!
+//! - [`lifecycle`]: create, get, list, destroy, TTL, failure marking, system report.
+//! - [`agent`]: the live agent connection of each running sandbox (connect, reconnect).
+//! - [`exec`]: commands (buffered, streamed, background) and the process table.
+//! - [`files`]: file content and metadata in the guest.
+
+pub mod agent;
+pub mod exec;
+pub mod files;
+pub mod lifecycle;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hearth_api::{Check, ErrorCode};
+use hearth_proto::client::ClientError;
+use hearth_proto::msg::ErrorKind;
+use hearth_vmm::{Accel, Vmm};
+
+use crate::config::Paths;
+use crate::db::{Db, DbError};
+
+pub use agent::Live;
+
+/// Longest guest-provided message copied into an API error (the guest is untrusted and could send megabytes).
+const MAX_GUEST_MESSAGE: usize = 1024;
+
+/// Errors of service operations; each maps to one stable [`ErrorCode`].
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    VmmFailed(String),
+    #[error("{0}")]
+    AgentUnavailable(String),
+    /// The guest refused or failed the operation.
+    #[error("{0}")]
+    Guest(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ServiceError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ServiceError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            ServiceError::NotFound(_) => ErrorCode::NotFound,
+            ServiceError::Conflict(_) => ErrorCode::Conflict,
+            ServiceError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            ServiceError::VmmFailed(_) => ErrorCode::VmmFailed,
+            ServiceError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
+            ServiceError::Guest(_) => ErrorCode::GuestError,
+            ServiceError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    pub(crate) fn no_sandbox(id: &str) -> Self {
+        ServiceError::NotFound(format!("sandbox {id} not found"))
+    }
+}
+
+impl From<DbError> for ServiceError {
+    fn from(e: DbError) -> Self {
+        tracing::error!(error = %e, "state database");
+        ServiceError::Internal("state database error".into())
+    }
+}
+
+impl From<ClientError> for ServiceError {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Guest { kind, message } => {
+                let message = format!("{kind}: {}", clip(&message, MAX_GUEST_MESSAGE));
+                match kind {
+                    ErrorKind::NotFound => ServiceError::NotFound(message),
+                    ErrorKind::AlreadyExists
+                    | ErrorKind::NotADirectory
+                    | ErrorKind::IsADirectory
+                    | ErrorKind::DirectoryNotEmpty => ServiceError::Conflict(message),
+                    ErrorKind::InvalidPath | ErrorKind::InvalidRequest => {
+                        ServiceError::InvalidArgument(message)
+                    }
+                    ErrorKind::PermissionDenied | ErrorKind::VersionMismatch | ErrorKind::Other => {
+                        ServiceError::Guest(message)
+                    }
+                }
+            }
+            ClientError::RequestTooLarge(m) => {
+                ServiceError::InvalidArgument(format!("request too large: {m}"))
+            }
+            ClientError::StreamEnded => ServiceError::Conflict("the process no longer accepts input".into()),
+            ClientError::Body(m) => ServiceError::InvalidArgument(format!("request body: {m}")),
+            other => ServiceError::AgentUnavailable(clip(&other.to_string(), MAX_GUEST_MESSAGE)),
+        }
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a char boundary.
+pub(crate) fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+/// Which VMM the daemon uses and why (served by `GET /v1/system`).
+#[derive(Debug, Clone)]
+pub struct VmmInfo {
+    pub reason: String,
+    pub checks: Vec<Check>,
+}
+
+/// Settings of the service.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub paths: Paths,
+    pub default_template: String,
+    /// How long a new sandbox's agent has to answer.
+    pub ready_timeout: Duration,
+}
+
+/// The sandboxes of this daemon: the state database, the VMM driver and the live agent connections.
+pub struct Sandboxes {
+    pub(crate) db: Db,
+    pub(crate) vmm: Arc<dyn Vmm>,
+    pub(crate) info: VmmInfo,
+    pub(crate) settings: Settings,
+    /// Agent connection of each running sandbox.
+    pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Serialises lifecycle operations (create, destroy, fail) per sandbox.
+    pub(crate) op_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Sandboxes {
+    pub fn new(db: Db, vmm: Arc<dyn Vmm>, info: VmmInfo, settings: Settings) -> Arc<Self> {
+        Arc::new(Sandboxes {
+            db,
+            vmm,
+            info,
+            settings,
+            live: Mutex::new(HashMap::new()),
+            op_locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn accel(&self) -> Accel {
+        self.vmm.accel()
+    }
+
+    /// The lifecycle lock of sandbox `id`.
+    pub(crate) fn op_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.op_locks.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget locks nobody holds or waits for, so the map does not grow with every sandbox ever made.
+        locks.retain(|_, l| Arc::strong_count(l) > 1);
+        locks.entry(id.to_string()).or_default().clone()
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_errors_map_to_codes() {
+        let e = |kind| {
+            ServiceError::from(ClientError::Guest {
+                kind,
+                message: "x".repeat(5000),
+            })
+        };
+        assert_eq!(e(ErrorKind::NotFound).code(), ErrorCode::NotFound);
+        assert_eq!(e(ErrorKind::AlreadyExists).code(), ErrorCode::Conflict);
+        assert_eq!(e(ErrorKind::InvalidPath).code(), ErrorCode::InvalidArgument);
+        assert_eq!(e(ErrorKind::PermissionDenied).code(), ErrorCode::GuestError);
+        assert!(e(ErrorKind::Other).to_string().len() < 1100);
+        assert_eq!(
+            ServiceError::from(ClientError::Closed).code(),
+            ErrorCode::AgentUnavailable
+        );
+    }
+
+    #[test]
+    fn clip_respects_char_boundaries() {
+        assert_eq!(clip("héllo", 2), "h...");
+        assert_eq!(clip("abc", 3), "abc");
+    }
+}
