@@ -399,3 +399,29 @@ impl FileReader {
         self.ended || self.rx.is_done()
     }
 }
+
+impl std::fmt::Debug for ExecHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecHandle")
+            .field("pid", &self.pid)
+            .field("ended", &self.ended)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for StdinWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdinWriter")
+            .field("stream", &self.stream)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for FileReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileReader")
+            .field("received", &self.received)
+            .field("ended", &self.ended)
+            .finish()
+    }
+}

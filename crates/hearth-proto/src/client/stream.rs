@@ -115,3 +115,12 @@ impl Drop for StreamRx {
         }
     }
 }
+
+impl std::fmt::Debug for StreamRx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamRx")
+            .field("id", &self.id)
+            .field("done", &self.done)
+            .finish()
+    }
+}

@@ -1,0 +1,381 @@
+//! One connection (session) of the agent channel: the frame loop, the per-connection stream table, and the
+//! process request handlers. File handlers are in [`crate::files`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hearth_proto::io::{CreditWindow, FrameReader, Outbox, RecvWindow, WindowClosed, write_loop};
+use hearth_proto::{
+    CONTROL_STREAM, DATA_CHUNK, ErrorKind, ExecRequest, GuestMsg, Header, HostMsg, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use crate::procs::Sink;
+use crate::{Agent, AgentError, fail, log};
+
+/// Largest JSON batch of list entries, well under the 64 KiB header limit.
+pub(crate) const BATCH_BYTES: usize = 32 * 1024;
+
+/// Data the host sends on a stream after its request.
+pub(crate) enum Inbound {
+    Data(Bytes),
+    End,
+}
+
+struct StreamEntry {
+    window: Arc<CreditWindow>,
+    recv: Arc<RecvWindow>,
+    inbound: mpsc::UnboundedSender<Inbound>,
+    task: Option<AbortHandle>,
+    /// The foreground process whose output goes to this stream.
+    pid: Option<u32>,
+}
+
+/// The streams open on one connection.
+#[derive(Default)]
+pub struct Streams {
+    map: Mutex<HashMap<u32, StreamEntry>>,
+}
+
+impl Streams {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u32, StreamEntry>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forget a finished stream (its task, if any, is ending by itself).
+    pub fn remove(&self, id: u32) {
+        if let Some(e) = self.lock().remove(&id) {
+            e.window.close();
+        }
+    }
+
+    /// The host no longer wants this stream: stop its task and detach its process.
+    fn abandon(&self, id: u32, agent: &Agent) {
+        let entry = self.lock().remove(&id);
+        if let Some(e) = entry {
+            e.window.close();
+            if let Some(t) = e.task {
+                t.abort();
+            }
+            if let Some(pid) = e.pid
+                && let Ok(p) = agent.procs.get(pid)
+            {
+                p.detach(id);
+            }
+        }
+    }
+
+    fn abandon_all(&self, agent: &Agent) {
+        let ids: Vec<u32> = self.lock().keys().copied().collect();
+        for id in ids {
+            self.abandon(id, agent);
+        }
+    }
+}
+
+/// What a request handler works with.
+pub(crate) struct Ctx {
+    pub agent: Agent,
+    pub out: Outbox,
+    pub streams: Arc<Streams>,
+    pub stream: u32,
+    pub window: Arc<CreditWindow>,
+    pub recv: Arc<RecvWindow>,
+}
+
+impl Ctx {
+    /// Send a non-data message on this stream.
+    pub fn reply(&self, msg: GuestMsg) {
+        // A failure means the connection is gone; nothing to tell anyone.
+        let _ = self.out.send(self.stream, &msg, Bytes::new());
+    }
+
+    /// Send `data` as `msg` data frames, waiting for the host's credit before each chunk.
+    pub async fn send_data(&self, msg: &GuestMsg, mut data: Bytes) -> Result<(), WindowClosed> {
+        while !data.is_empty() {
+            let chunk = data.split_to(data.len().min(DATA_CHUNK));
+            self.window.acquire(chunk.len() as u64).await?;
+            self.out.send(self.stream, msg, chunk).map_err(|_| WindowClosed)?;
+        }
+        Ok(())
+    }
+
+    /// `n` bytes the host sent were consumed: return the credit.
+    pub fn credit(&self, n: usize) {
+        if n > 0 {
+            self.recv.on_consume(n as u64);
+            self.reply(GuestMsg::Credit { bytes: n as u64 });
+        }
+    }
+
+    /// Send `items` in batches whose JSON stays under [`BATCH_BYTES`], then `Ok`.
+    pub fn reply_batches<T: serde::Serialize>(&self, items: Vec<T>, wrap: impl Fn(Vec<T>) -> GuestMsg) {
+        let mut batch = Vec::new();
+        let mut size = 0;
+        for item in items {
+            let n = serde_json::to_vec(&item).map_or(0, |v| v.len());
+            if !batch.is_empty() && size + n > BATCH_BYTES {
+                self.reply(wrap(std::mem::take(&mut batch)));
+                size = 0;
+            }
+            size += n;
+            batch.push(item);
+        }
+        if !batch.is_empty() {
+            self.reply(wrap(batch));
+        }
+        self.reply(GuestMsg::Ok);
+    }
+}
+
+/// Whether a handler's stream is over when it returns.
+pub(crate) enum After {
+    Done,
+    /// Something else (the process supervisor) ends the stream.
+    KeepOpen,
+}
+
+/// Serve one connection until the peer disconnects.
+pub async fn serve_conn<S>(agent: Agent, stream: S) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (rd, wr) = tokio::io::split(stream);
+    let (out, out_rx) = Outbox::new();
+    let writer = tokio::spawn(write_loop(wr, out_rx));
+    let mut reader = FrameReader::new(rd);
+    let mut streams = Arc::new(Streams::default());
+    let mut hello = false;
+    let result = loop {
+        let frame = match reader.next().await {
+            Ok(Some(Ok(f))) => f,
+            // Garbage or an oversize frame (e.g. left over from an earlier session): resynchronise.
+            Ok(Some(Err(_))) => continue,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        let Ok(Header { stream, msg }) = frame.parse::<HostMsg>() else {
+            continue;
+        };
+        if let HostMsg::Hello { version, nonce } = msg {
+            if version != PROTOCOL_VERSION {
+                let message = format!("host speaks {version}, agent speaks {PROTOCOL_VERSION}");
+                let _ = out.send(
+                    CONTROL_STREAM,
+                    &GuestMsg::error(ErrorKind::VersionMismatch, message),
+                    Bytes::new(),
+                );
+                continue;
+            }
+            // A new session on the same channel: forget the old streams, keep the processes.
+            streams.abandon_all(&agent);
+            streams = Arc::new(Streams::default());
+            hello = true;
+            let ok = GuestMsg::HelloOk {
+                version: PROTOCOL_VERSION,
+                agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                nonce,
+            };
+            let _ = out.send(CONTROL_STREAM, &ok, Bytes::new());
+            continue;
+        }
+        if !hello || stream == CONTROL_STREAM {
+            continue;
+        }
+        if let Err(e) = route(&agent, &out, &streams, stream, msg, frame.data) {
+            log(&format!("closing the connection: {e}"));
+            break Ok(());
+        }
+    };
+    streams.abandon_all(&agent);
+    writer.abort();
+    result
+}
+
+/// Handle one message of an established session; an `Err` closes the connection.
+fn route(
+    agent: &Agent,
+    out: &Outbox,
+    streams: &Arc<Streams>,
+    stream: u32,
+    msg: HostMsg,
+    data: Bytes,
+) -> Result<(), String> {
+    match msg {
+        HostMsg::Credit { bytes } => {
+            if let Some(e) = streams.lock().get(&stream) {
+                e.window.grant(bytes);
+            }
+        }
+        HostMsg::Stdin | HostMsg::FileData | HostMsg::StdinEof | HostMsg::FileEnd => {
+            let map = streams.lock();
+            let Some(e) = map.get(&stream) else { return Ok(()) };
+            let item = if msg.carries_data() {
+                e.recv
+                    .on_receive(data.len() as u64)
+                    .map_err(|err| format!("stream {stream}: {err}"))?;
+                Inbound::Data(data)
+            } else {
+                Inbound::End
+            };
+            let _ = e.inbound.send(item);
+        }
+        HostMsg::Abandon => streams.abandon(stream, agent),
+        HostMsg::Hello { .. } => {}
+        request => {
+            if streams.lock().contains_key(&stream) {
+                return Ok(());
+            }
+            start_request(agent, out, streams, stream, request, data);
+        }
+    }
+    Ok(())
+}
+
+fn start_request(
+    agent: &Agent,
+    out: &Outbox,
+    streams: &Arc<Streams>,
+    stream: u32,
+    req: HostMsg,
+    data: Bytes,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let ctx = Ctx {
+        agent: agent.clone(),
+        out: out.clone(),
+        streams: streams.clone(),
+        stream,
+        window: Arc::new(CreditWindow::new()),
+        recv: Arc::new(RecvWindow::new()),
+    };
+    let entry = StreamEntry {
+        window: ctx.window.clone(),
+        recv: ctx.recv.clone(),
+        inbound: tx,
+        task: None,
+        pid: None,
+    };
+    streams.lock().insert(stream, entry);
+    let task = tokio::spawn(async move {
+        match handle(&ctx, req, data, rx).await {
+            Ok(After::Done) => ctx.streams.remove(ctx.stream),
+            Ok(After::KeepOpen) => {}
+            Err(e) => {
+                ctx.reply(GuestMsg::Error {
+                    kind: e.kind,
+                    message: e.message,
+                });
+                ctx.streams.remove(ctx.stream);
+            }
+        }
+    });
+    if let Some(e) = streams.lock().get_mut(&stream) {
+        e.task = Some(task.abort_handle());
+    }
+}
+
+async fn handle(
+    ctx: &Ctx,
+    req: HostMsg,
+    data: Bytes,
+    inbound: mpsc::UnboundedReceiver<Inbound>,
+) -> Result<After, AgentError> {
+    let procs = &ctx.agent.procs;
+    match req {
+        HostMsg::Ping => ctx.reply(GuestMsg::Pong),
+        HostMsg::Exec(req) => return exec(ctx, req, inbound).await,
+        HostMsg::ListProcs => ctx.reply_batches(procs.list(), |procs| GuestMsg::Procs { procs }),
+        HostMsg::WaitProc { pid, timeout_ms } => wait(ctx, pid, timeout_ms).await?,
+        HostMsg::KillProc { pid, signal } => {
+            if !(0..=64).contains(&signal) {
+                return Err(fail(
+                    ErrorKind::InvalidRequest,
+                    format!("invalid signal {signal}"),
+                ));
+            }
+            procs.get(pid)?.kill(signal)?;
+            ctx.reply(GuestMsg::Ok);
+        }
+        HostMsg::ProcStdin { pid, eof } => {
+            let p = procs.get(pid)?;
+            if !data.is_empty() {
+                p.write_stdin(&data).await?;
+            }
+            if eof {
+                p.close_stdin().await;
+            }
+            ctx.reply(GuestMsg::Ok);
+        }
+        other => return crate::files::handle(ctx, other, inbound).await,
+    }
+    Ok(After::Done)
+}
+
+async fn exec(
+    ctx: &Ctx,
+    req: ExecRequest,
+    mut inbound: mpsc::UnboundedReceiver<Inbound>,
+) -> Result<After, AgentError> {
+    let procs = &ctx.agent.procs;
+    if req.background {
+        let p = procs.spawn(req, None)?;
+        ctx.reply(GuestMsg::Started { pid: p.pid });
+        return Ok(After::Done);
+    }
+    let wants_stdin = req.stdin;
+    let sink = Sink {
+        stream: ctx.stream,
+        out: ctx.out.clone(),
+        window: ctx.window.clone(),
+        streams: ctx.streams.clone(),
+    };
+    let p = procs.spawn(req, Some(sink))?;
+    if let Some(e) = ctx.streams.lock().get_mut(&ctx.stream) {
+        e.pid = Some(p.pid);
+    }
+    // Feed stdin until the host says EOF (or the stream ends); output and exit are the supervisor's job.
+    let mut stdin_ok = wants_stdin;
+    while let Some(item) = inbound.recv().await {
+        match item {
+            Inbound::Data(d) => {
+                if stdin_ok && p.write_stdin(&d).await.is_err() {
+                    // The process closed its stdin: discard the rest, but keep returning credit.
+                    stdin_ok = false;
+                }
+                ctx.credit(d.len());
+            }
+            Inbound::End => {
+                p.close_stdin().await;
+                break;
+            }
+        }
+    }
+    Ok(After::KeepOpen)
+}
+
+async fn wait(ctx: &Ctx, pid: u32, timeout_ms: Option<u64>) -> Result<(), AgentError> {
+    let p = ctx.agent.procs.get(pid)?;
+    let status = match timeout_ms {
+        None => p.wait().await,
+        Some(ms) => match tokio::time::timeout(Duration::from_millis(ms), p.wait()).await {
+            Ok(st) => st,
+            Err(_) => {
+                ctx.reply(GuestMsg::StillRunning);
+                return Ok(());
+            }
+        },
+    };
+    let (out, err) = p.tails();
+    if ctx.send_data(&GuestMsg::Stdout, out).await.is_err()
+        || ctx.send_data(&GuestMsg::Stderr, err).await.is_err()
+    {
+        return Ok(());
+    }
+    ctx.reply(GuestMsg::Exited(status));
+    Ok(())
+}

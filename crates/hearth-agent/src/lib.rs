@@ -1,0 +1,69 @@
+//! hearth-agent: the guest side of the agent channel, and PID 1 of every sandbox.
+//!
+//! # Layout
+//! - [`Agent`]: the state shared by all connections (the process table); [`Agent::serve`] serves one
+//!   connection (any byte stream), so the whole protocol is testable on the host over a socket pair.
+//! - `conn`: one session: frame loop, `Hello` handling, per-connection stream table, process requests.
+//! - `procs`: spawning (own session/process group, base env, cwd), output pumps with flow control, timeouts,
+//!   bounded output tails, exit statuses.
+//! - `files`: file requests (read/write streamed, stat, list, mkdir, remove, rename) with typed errors.
+//! - `reaper`: the single process-wide SIGCHLD-style reaper that hands exit statuses to their waiters and
+//!   reaps orphans (PID 1 duty).
+//! - [`init`]: PID 1 setup (mounts, hostname, `lo`, kernel command line, logging to the console).
+//! - [`transport`]: serial (virtio-serial port) and vsock listeners, and [`transport::FdStream`].
+//!
+//! The binary (`main.rs`) runs [`init::setup`] then serves the chosen transport forever.
+
+mod conn;
+mod files;
+pub mod init;
+mod procs;
+mod reaper;
+pub mod transport;
+
+use std::sync::Arc;
+
+use hearth_proto::ErrorKind;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub use procs::DEFAULT_PATH;
+
+/// A failed request, answered with `Error{kind, message}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct AgentError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+pub(crate) fn fail(kind: ErrorKind, message: impl Into<String>) -> AgentError {
+    AgentError {
+        kind,
+        message: message.into(),
+    }
+}
+
+/// Log a line for the guest's console (the kernel log when running as PID 1, stderr otherwise).
+pub fn log(msg: &str) {
+    init::log(msg);
+}
+
+/// The agent: processes outlive connections, so they live here rather than in a session.
+#[derive(Clone, Default)]
+pub struct Agent {
+    pub(crate) procs: Arc<procs::ProcTable>,
+}
+
+impl Agent {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serve one connection until the host disconnects. Must run inside a tokio runtime with time and I/O.
+    pub async fn serve<S>(&self, stream: S) -> std::io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        conn::serve_conn(self.clone(), stream).await
+    }
+}
