@@ -284,7 +284,7 @@ impl FirecrackerVmm {
         if let Err(e) = process::terminate(proc_id, Duration::ZERO).await {
             tracing::error!(id = %spec.id, error = %e, "cannot kill a firecracker that failed to start");
         }
-        self.remove_cgroups(&spec.run_dir);
+        self.remove_cgroups(&spec.run_dir).await;
         Self::remove_run_files(&spec.run_dir);
         err
     }
@@ -329,15 +329,28 @@ impl FirecrackerVmm {
         let _ = std::fs::remove_dir_all(run.join(JAIL_DIR));
     }
 
-    /// Removes the cgroups the jailer made for a VM whose process is gone.
-    fn remove_cgroups(&self, run_dir: &Path) {
+    /// Removes the cgroups the jailer made for a VM whose process is gone. The kernel releases a cgroup a
+    /// moment after its last task is reaped, so `EBUSY` is retried briefly.
+    async fn remove_cgroups(&self, run_dir: &Path) {
         let Some(cfg) = &self.jailer else { return };
         let Some(iid) = jailed_instance_id(run_dir, &self.binary) else {
             return;
         };
         for dir in jailer::Jail::cgroup_dirs(cfg, &self.binary, &iid) {
-            // Only empty cgroups can be removed, which is what we want: ENOENT/EBUSY are ignored.
-            let _ = std::fs::remove_dir(dir);
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                match std::fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove the VM's cgroup");
+                        break;
+                    }
+                }
+            }
         }
     }
 
@@ -435,6 +448,13 @@ impl Vmm for FirecrackerVmm {
                 ),
             });
         }
+        // Templates are read-only; the sandbox's own disk is writable, by its owner only.
+        std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(
+            |source| VmmError::Io {
+                path: dest.clone(),
+                source,
+            },
+        )?;
         Ok(dest)
     }
 
@@ -467,7 +487,7 @@ impl Vmm for FirecrackerVmm {
                     detail: format!("stopping: {e}"),
                 })?;
         }
-        self.remove_cgroups(&vm.run_dir);
+        self.remove_cgroups(&vm.run_dir).await;
         // Sockets of a dead process are useless; the log stays for post-mortems until the daemon removes
         // the run directory.
         for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE] {

@@ -133,6 +133,8 @@ impl Jail {
             source,
         })?;
         chown(&jailed_disk, cfg)?;
+        std::fs::set_permissions(&jailed_disk, std::fs::Permissions::from_mode(0o600))
+            .map_err(io_err(&jailed_disk))?;
         Ok(())
     }
 

@@ -151,23 +151,42 @@ fn download_debian_kernel(dir: &Path) -> PathBuf {
         .expect("vmlinuz in the package")
 }
 
-/// A sandbox directory (disk + run files, as the daemon lays it out) in a temp dir.
+/// A sandbox directory (disk + run files, as the daemon lays it out) in a temp dir, with an id of its own
+/// (tests run in parallel, and a jailed VM's cgroup is named after its id).
 pub struct Sandbox {
     pub tmp: tempfile::TempDir,
     pub dir: PathBuf,
+    pub id: String,
 }
 
 impl Sandbox {
     pub fn new() -> Self {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let id = format!(
+            "sbx_{:08x}{:04x}{:04x}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed) & 0xffff,
+            nanos & 0xffff
+        );
         let tmp = tempfile::tempdir().expect("tempdir");
-        let dir = tmp.path().join("sbx_0123456789abcdef");
+        let dir = tmp.path().join(&id);
         std::fs::create_dir(&dir).expect("sandbox dir");
-        Self { tmp, dir }
+        Self { tmp, dir, id }
+    }
+
+    /// The id Firecracker and the jailer see.
+    pub fn instance_id(&self) -> String {
+        FirecrackerVmm::instance_id(&self.id)
     }
 
     pub fn spec(&self, images: &Images, disk: PathBuf) -> VmSpec {
         VmSpec {
-            id: "sbx_0123456789abcdef".into(),
+            id: self.id.clone(),
             vcpus: 1,
             memory_mib: MEM_MIB,
             images: images.boot(),

@@ -1,0 +1,200 @@
+//! Firecracker under its jailer (SECURITY.md promise 1), against the real `jailer` and `firecracker`:
+//! chroot with only the VM's files, own uid/gid, own mount namespace, cgroup settings applied, seccomp on.
+
+mod firecracker_common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use firecracker_common::{KillOnDrop, Sandbox, images, processes_mentioning, running, seccomp_modes, vmm};
+use hearth_vmm::firecracker::{CgroupVersion, FirecrackerVmm, JailerConfig, SnapshotFiles};
+use hearth_vmm::{Vmm, VmmError};
+
+/// An unprivileged uid/gid no account on the machine uses.
+const JAIL_ID: u32 = 47_311;
+
+/// A cgroup setting that works on this host's hierarchy, and the file where it shows up.
+fn cgroup_setting(iid: &str) -> (CgroupVersion, String, PathBuf, String) {
+    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        let file = Path::new("/sys/fs/cgroup/firecracker").join(iid).join("pids.max");
+        (CgroupVersion::V2, "pids.max=512".into(), file, "512".into())
+    } else {
+        let file = Path::new("/sys/fs/cgroup/cpu/firecracker")
+            .join(iid)
+            .join("cpu.shares");
+        (CgroupVersion::V1, "cpu.shares=512".into(), file, "512".into())
+    }
+}
+
+fn jailed_vmm(iid: &str) -> (FirecrackerVmm, PathBuf, String) {
+    let (version, setting, file, value) = cgroup_setting(iid);
+    let mut cfg = JailerConfig::new(JAIL_ID, JAIL_ID);
+    cfg.cgroup_version = version;
+    cfg.cgroups = vec![setting];
+    (vmm().with_jailer(cfg), file, value)
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn jailed_vm_runs_confined_and_stops_cleanly() {
+    let images = images();
+    let sbx = Sandbox::new();
+    let iid = sbx.instance_id();
+    let (vmm, cgroup_file, cgroup_value) = jailed_vmm(&iid);
+    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let spec = sbx.spec(&images, disk.clone());
+
+    let t = Instant::now();
+    let vm = vmm.start(&spec).await.expect("jailed start");
+    let start_time = t.elapsed();
+    let guard = KillOnDrop(vm.clone());
+    assert!(vmm.is_alive(&vm));
+    // The unjailed driver does not mistake the jailed binary for its own.
+    assert!(!firecracker_common::vmm().is_alive(&vm));
+
+    // Own uid/gid (real, effective, saved, fs), no capabilities.
+    let id = JAIL_ID.to_string();
+    assert_eq!(status_field(vm.pid, "Uid:"), [id.as_str(); 4].join(" "));
+    assert_eq!(status_field(vm.pid, "Gid:"), [id.as_str(); 4].join(" "));
+    assert_eq!(status_field(vm.pid, "CapEff:"), "0000000000000000");
+    // Own mount namespace, and a root that holds only the VM's files.
+    assert_ne!(
+        std::fs::read_link(format!("/proc/{}/ns/mnt", vm.pid)).expect("mnt ns"),
+        std::fs::read_link("/proc/self/ns/mnt").expect("own mnt ns")
+    );
+    let root = PathBuf::from(format!("/proc/{}/root", vm.pid));
+    let mut seen: Vec<String> = std::fs::read_dir(&root)
+        .expect("jail root")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    seen.sort();
+    for name in &seen {
+        assert!(
+            [
+                "dev",
+                "disk.ext4",
+                "firecracker",
+                "firecracker.pid",
+                "initramfs.cpio.gz",
+                "run",
+                "vmlinux"
+            ]
+            .contains(&name.as_str()),
+            "unexpected {name} in the jail: {seen:?}"
+        );
+    }
+    assert!(!root.join("etc").exists() && !root.join("proc").exists());
+    // The guest writes the sandbox's own disk: same inode, handed to the jail's uid.
+    let (jailed, host) = (
+        std::fs::metadata(root.join("disk.ext4")).expect("jailed disk"),
+        std::fs::metadata(&disk).expect("disk"),
+    );
+    assert_eq!(jailed.ino(), host.ino());
+    assert_eq!(host.uid(), JAIL_ID);
+    // The shared kernel image is not handed over.
+    assert_eq!(std::fs::metadata(&images.vmlinux).expect("kernel").uid(), 0);
+
+    // Seccomp on every thread, and the cgroup setting applied.
+    let modes = seccomp_modes(vm.pid);
+    assert!(modes.iter().all(|(_, m)| *m == 2), "{modes:?}");
+    assert_eq!(
+        std::fs::read_to_string(&cgroup_file).expect("cgroup file").trim(),
+        cgroup_value
+    );
+
+    // The API and vsock sockets are reachable at the usual run-dir paths; Firecracker sees jail paths.
+    let api = vmm.api(&vm.run_dir);
+    assert_eq!(api.describe().await.expect("describe").state, "Running");
+    let cfg = api.vm_config().await.expect("config");
+    assert_eq!(cfg["boot-source"]["kernel_image_path"], "/vmlinux");
+    assert_eq!(cfg["drives"][0]["path_on_host"], "/disk.ext4");
+    assert_eq!(cfg["vsock"]["uds_path"], "/run/vsock.sock");
+    let t = Instant::now();
+    let err = vmm.connect_agent(&vm).await.expect_err("no agent");
+    assert!(matches!(err, VmmError::AgentChannel { .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(4));
+
+    vmm.stop(&vm).await.expect("stop");
+    assert!(!running(vm.pid, vm.start_ticks));
+    assert!(processes_mentioning(&sbx.dir).is_empty());
+    assert!(
+        !cgroup_file.parent().expect("cgroup dir").exists(),
+        "cgroup left behind"
+    );
+    vmm.stop(&vm).await.expect("second stop");
+    drop(guard);
+    eprintln!("jailed start (jail setup + jailer + configure + InstanceStart): {start_time:?}");
+}
+
+#[tokio::test]
+async fn jailed_failure_reports_the_fault_and_removes_the_jail() {
+    let images = images();
+    let sbx = Sandbox::new();
+    let iid = sbx.instance_id();
+    let (vmm, cgroup_file, _) = jailed_vmm(&iid);
+    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let mut spec = sbx.spec(&images, disk);
+    // Not an ELF: copied into the jail fine, refused by Firecracker at InstanceStart.
+    let junk = sbx.tmp.path().join("junk-kernel");
+    std::fs::write(&junk, b"not a kernel").expect("junk");
+    spec.images.vmlinux = junk;
+    let err = vmm.start(&spec).await.expect_err("junk kernel");
+    assert!(matches!(err, VmmError::Api { .. }), "{err}");
+    assert!(processes_mentioning(&sbx.dir).is_empty());
+    assert_eq!(sbx.entries(), vec!["disk.ext4".to_string()]);
+    assert!(!cgroup_file.parent().expect("cgroup dir").exists());
+
+    // A disk on another filesystem cannot be hard-linked into the jail: a clear error, nothing left.
+    let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs dir");
+    let other_fs_disk = shm.path().join("disk.ext4");
+    std::fs::copy(&images.rootfs, &other_fs_disk).expect("copy");
+    let spec = sbx.spec(&images, other_fs_disk);
+    let err = vmm.start(&spec).await.expect_err("cross-fs disk");
+    assert!(err.to_string().contains("same filesystem"), "{err}");
+    assert_eq!(sbx.entries(), vec!["disk.ext4".to_string()]);
+}
+
+#[tokio::test]
+async fn jailed_snapshot_restores_into_a_fresh_jail() {
+    let images = images();
+    let sbx = Sandbox::new();
+    let iid = sbx.instance_id();
+    let (vmm, _, _) = jailed_vmm(&iid);
+    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let spec = sbx.spec(&images, disk);
+    let vm = vmm.start(&spec).await.expect("start");
+    let guard = KillOnDrop(vm.clone());
+    vmm.pause(&vm).await.expect("pause");
+    let files = SnapshotFiles {
+        state: sbx.tmp.path().join("vm.state"),
+        memory: sbx.tmp.path().join("vm.mem"),
+    };
+    vmm.create_snapshot(&vm, &files).await.expect("jailed snapshot");
+    assert!(files.state.is_file() && files.memory.is_file());
+    vmm.stop(&vm).await.expect("stop");
+    drop(guard);
+
+    let restored = vmm.restore(&spec, &files, true).await.expect("jailed restore");
+    let _guard = KillOnDrop(restored.clone());
+    assert!(vmm.is_alive(&restored));
+    assert_eq!(
+        vmm.api(&restored.run_dir)
+            .describe()
+            .await
+            .expect("describe")
+            .state,
+        "Running"
+    );
+    vmm.stop(&restored).await.expect("stop restored");
+    assert!(processes_mentioning(&sbx.dir).is_empty());
+}
