@@ -1,0 +1,6 @@
+//! One module per group of commands. Each function returns the process exit status.
+
+pub mod exec;
+pub mod files;
+pub mod sandbox;
+pub mod system;

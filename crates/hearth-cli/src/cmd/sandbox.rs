@@ -1,0 +1,125 @@
+//! `create`, `ls`, `info`, `rm`, `timeout`.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use hearth_api::CreateSandboxRequest;
+use hearth_client::ListFilter;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use time::OffsetDateTime;
+
+use crate::Ctx;
+use crate::args::{CreateArgs, LsArgs};
+use crate::output;
+
+/// A spinner on stderr while something slow happens; nothing when stderr is not a terminal.
+pub struct Spinner(Option<ProgressBar>);
+
+impl Spinner {
+    pub fn start(message: String) -> Spinner {
+        if !std::io::stderr().is_terminal() {
+            return Spinner(None);
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+            bar.set_style(style);
+        }
+        bar.set_message(message);
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Spinner(Some(bar))
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        if let Some(bar) = self.0.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn to_map(pairs: Vec<(String, String)>) -> BTreeMap<String, String> {
+    pairs.into_iter().collect()
+}
+
+pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    let req = CreateSandboxRequest {
+        template: a.template,
+        vcpus: a.vcpus,
+        memory_mib: a.memory,
+        timeout_s: a.timeout,
+        env: to_map(a.env),
+        metadata: to_map(a.meta),
+    };
+    let what = match &req.template {
+        Some(t) => format!("creating a sandbox from {}", output::clean(t)),
+        None => "creating a sandbox".to_owned(),
+    };
+    let spinner = Spinner::start(what);
+    let sandbox = client.create_sandbox(&req).await;
+    drop(spinner);
+    let sandbox = sandbox?;
+    ctx.emit(&sandbox, || format!("{}\n", sandbox.id))?;
+    Ok(0)
+}
+
+pub async fn list(ctx: &Ctx, a: LsArgs) -> anyhow::Result<u8> {
+    let filter = ListFilter {
+        state: a.state,
+        metadata: to_map(a.meta),
+    };
+    let list = ctx.client()?.list_sandboxes(&filter).await?;
+    let style = ctx.stdout_style();
+    ctx.emit(&list, || {
+        output::sandbox_table(&list.sandboxes, OffsetDateTime::now_utc(), style)
+    })?;
+    Ok(0)
+}
+
+pub async fn info(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
+    let sandbox = ctx.client()?.get_sandbox(id).await?;
+    ctx.emit(&sandbox, || {
+        output::sandbox_details(&sandbox, OffsetDateTime::now_utc())
+    })?;
+    Ok(0)
+}
+
+/// Removes every id given, going on past failures; each removed id is printed; status 1 if any failed.
+pub async fn remove(ctx: &Ctx, ids: &[String]) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    let mut removed = Vec::new();
+    let mut failed = false;
+    for id in ids {
+        match client.delete_sandbox(id).await {
+            Ok(()) => {
+                removed.push(id.clone());
+                if !ctx.json {
+                    println!("{id}");
+                }
+            }
+            Err(e) => {
+                failed = true;
+                crate::report::print(
+                    &anyhow::Error::new(e).context(format!("cannot remove {id}")),
+                    &ctx.url,
+                );
+            }
+        }
+    }
+    if ctx.json {
+        print!("{}", output::json(&serde_json::json!({ "removed": removed }))?);
+    }
+    Ok(u8::from(failed))
+}
+
+pub async fn timeout(ctx: &Ctx, id: &str, seconds: u64) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    client.set_timeout(id, seconds).await?;
+    let sandbox = client.get_sandbox(id).await?;
+    ctx.emit(&sandbox, || {
+        format!("{} ends at {}\n", sandbox.id, output::clean(&sandbox.end_at))
+    })?;
+    Ok(0)
+}
