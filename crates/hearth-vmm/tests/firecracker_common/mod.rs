@@ -86,13 +86,11 @@ fn fallback_images() -> Images {
         rootfs: dir.join("minimal.ext4"),
     };
     if !images.vmlinux.is_file() {
-        let vmlinuz = std::env::var_os("HEARTH_VMLINUZ")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| download_debian_kernel(&dir));
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/extract-vmlinux.sh");
-        run(Command::new("sh").arg(script).arg(&vmlinuz).arg(&images.vmlinux));
-        // The unpacked package (modules included) is no longer needed.
-        let _ = std::fs::remove_dir_all(dir.join("deb"));
+        let vmlinuz = debian_vmlinuz_locked(&dir);
+        run(Command::new("sh")
+            .arg(extract_script())
+            .arg(&vmlinuz)
+            .arg(&images.vmlinux));
     }
     if !images.initramfs.is_file() {
         // Firecracker only loads the initrd into guest memory; its contents matter to the guest alone.
@@ -116,8 +114,39 @@ fn fallback_images() -> Images {
     images
 }
 
-/// `apt-get download` of the kernel package `linux-image-cloud-amd64` depends on, unpacked in `dir`.
-fn download_debian_kernel(dir: &Path) -> PathBuf {
+/// `images/extract-vmlinux.sh` of this checkout.
+pub fn extract_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/extract-vmlinux.sh")
+}
+
+/// A Debian cloud kernel bzImage: `HEARTH_VMLINUZ`, the images directory's `vmlinuz`, or (once, cached in
+/// the cargo target's temp dir) the one from the package `linux-image-cloud-amd64` depends on.
+pub fn debian_vmlinuz() -> PathBuf {
+    if let Some(path) = std::env::var_os("HEARTH_VMLINUZ") {
+        return PathBuf::from(path);
+    }
+    let dir = std::env::var_os("HEARTH_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/hearth/images"));
+    if dir.join("vmlinuz").is_file() {
+        return dir.join("vmlinuz");
+    }
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("firecracker-images");
+    std::fs::create_dir_all(&cache).expect("cache dir");
+    let lock = std::fs::File::create(cache.join(".lock")).expect("lock file");
+    lock.lock().expect("lock");
+    debian_vmlinuz_locked(&cache)
+}
+
+/// [`debian_vmlinuz`] with the cache lock held by the caller.
+fn debian_vmlinuz_locked(dir: &Path) -> PathBuf {
+    if let Some(path) = std::env::var_os("HEARTH_VMLINUZ") {
+        return PathBuf::from(path);
+    }
+    let cached = dir.join("vmlinuz");
+    if cached.is_file() {
+        return cached;
+    }
     let deps = stdout(Command::new("apt-cache").args(["depends", "linux-image-cloud-amd64"]));
     let pkg = deps
         .lines()
@@ -140,7 +169,7 @@ fn download_debian_kernel(dir: &Path) -> PathBuf {
         .expect("downloaded .deb");
     let root = deb_dir.join("x");
     run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
-    std::fs::read_dir(root.join("boot"))
+    let vmlinuz = std::fs::read_dir(root.join("boot"))
         .expect("boot dir in the package")
         .filter_map(|e| e.ok())
         .map(|e| e.path())
@@ -148,7 +177,11 @@ fn download_debian_kernel(dir: &Path) -> PathBuf {
             p.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
         })
-        .expect("vmlinuz in the package")
+        .expect("vmlinuz in the package");
+    std::fs::rename(&vmlinuz, &cached).expect("keep vmlinuz");
+    // The rest of the package (modules) is not needed.
+    let _ = std::fs::remove_dir_all(&deb_dir);
+    cached
 }
 
 /// A sandbox directory (disk + run files, as the daemon lays it out) in a temp dir, with an id of its own
