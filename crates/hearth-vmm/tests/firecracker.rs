@@ -310,3 +310,76 @@ async fn api_socket_ready_time() {
     eprintln!("api socket ready: {sockets:?}; start incl. configuration: {starts:?}");
     assert!(starts.iter().all(|d| *d < Duration::from_secs(5)));
 }
+
+/// Set in the child process of [`vm_survives_the_death_of_the_process_that_started_it`].
+const DAEMON_ROLE: &str = "HEARTH_FC_TEST_DAEMON_DIR";
+
+#[tokio::test]
+async fn vm_survives_the_death_of_the_process_that_started_it() {
+    if let Some(dir) = std::env::var_os(DAEMON_ROLE) {
+        // Child role, "the daemon": start a VM, record its handle, die by SIGKILL (no cleanup at all).
+        let dir = std::path::PathBuf::from(dir);
+        let images = images();
+        let run_dir = dir.join("sbx");
+        std::fs::create_dir(&run_dir).expect("run dir");
+        let vmm = vmm();
+        let disk = vmm.prepare_disk(&images.rootfs, &run_dir).await.expect("disk");
+        let spec = hearth_vmm::VmSpec {
+            id: "sbx_00000000000000aa".into(),
+            vcpus: 1,
+            memory_mib: firecracker_common::MEM_MIB,
+            images: images.boot(),
+            disk,
+            run_dir,
+            hostname: "adopted".into(),
+        };
+        let vm = vmm.start(&spec).await.expect("start");
+        let json = serde_json::to_vec(&vm).expect("handle json");
+        std::fs::write(dir.join("handle.json"), json).expect("write handle");
+        nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL).expect("suicide");
+        unreachable!("SIGKILL is not survivable");
+    }
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "vm_survives_the_death_of_the_process_that_started_it",
+            "--test-threads",
+            "1",
+        ])
+        .env(DAEMON_ROLE, tmp.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run the daemon role");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the daemon role should die by SIGKILL: {status}"
+    );
+
+    let vm: hearth_vmm::VmHandle =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("handle.json")).expect("handle"))
+            .expect("json");
+    let guard = KillOnDrop(vm.clone());
+    // A new driver instance (as after a daemon restart) adopts the VM: alive, API answering, channel there.
+    let vmm = vmm();
+    assert!(
+        vmm.is_alive(&vm),
+        "firecracker died with the process that started it"
+    );
+    assert_eq!(
+        vmm.api(&vm.run_dir).describe().await.expect("describe").state,
+        "Running"
+    );
+    assert!(matches!(
+        vmm.connect_agent(&vm).await,
+        Err(VmmError::AgentChannel { .. })
+    ));
+    assert!(vm.run_dir.join(VSOCK_SOCKET).exists());
+    vmm.stop(&vm).await.expect("stop adopted VM");
+    assert!(!running(vm.pid, vm.start_ticks));
+    assert!(processes_mentioning(&vm.run_dir).is_empty());
+    drop(guard);
+}
