@@ -361,13 +361,15 @@ impl FirecrackerVmm {
         }
     }
 
-    /// Whether `exe` is the Firecracker binary this driver starts. A jailed Firecracker runs in its own
-    /// mount namespace, where the binary is `/<exec name>` at the root of the chroot.
-    fn is_our_exe(&self, exe: &Path) -> bool {
+    /// Whether `exe` is the Firecracker binary this driver starts for the VM in `run_dir`. A jailed
+    /// Firecracker runs in its own mount namespace, where the binary is `/<exec name>` at the root of the
+    /// chroot; that form is accepted when the run directory holds a jail (whatever this driver's current
+    /// configuration, so a daemon restarted without the jailer can still stop jailed VMs).
+    fn is_our_exe(&self, exe: &Path, run_dir: &Path) -> bool {
         if exe == self.binary || std::fs::canonicalize(&self.binary).is_ok_and(|b| b == exe) {
             return true;
         }
-        self.jailer.is_some()
+        run_dir.join(JAIL_DIR).is_dir()
             && self
                 .binary
                 .file_name()
@@ -482,9 +484,10 @@ impl Vmm for FirecrackerVmm {
         if self.is_alive(vm) {
             process::terminate(proc_id, self.timeouts.stop_grace)
                 .await
-                .map_err(|e| VmmError::StartFailed {
+                .map_err(|e| VmmError::Api {
                     id: vm.run_dir.display().to_string(),
-                    detail: format!("stopping: {e}"),
+                    endpoint: "stop".into(),
+                    detail: e.to_string(),
                 })?;
         }
         self.remove_cgroups(&vm.run_dir).await;
@@ -499,7 +502,7 @@ impl Vmm for FirecrackerVmm {
     fn is_alive(&self, vm: &VmHandle) -> bool {
         vm.kind == VmmKind::Firecracker
             && process::is_running(Self::proc_id(vm))
-            && process::exe_of(vm.pid).is_some_and(|exe| self.is_our_exe(&exe))
+            && process::exe_of(vm.pid).is_some_and(|exe| self.is_our_exe(&exe, &vm.run_dir))
     }
 }
 
