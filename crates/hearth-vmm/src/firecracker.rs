@@ -135,6 +135,15 @@ impl FirecrackerVmm {
         ApiClient::new(run_dir.join(API_SOCKET), self.timeouts.api_call)
     }
 
+    /// Keeps `<run>/firecracker.log` (Firecracker's log and the guest's serial console, which a hostile
+    /// guest can flood) under `max_bytes`: when it is larger, it is cut down to its last `max_bytes / 2`
+    /// bytes. Safe while the VM runs (its stdio appends). Returns whether it trimmed. The daemon calls this
+    /// periodically.
+    pub fn trim_log(&self, vm: &VmHandle, max_bytes: u64) -> Result<bool, VmmError> {
+        let path = vm.run_dir.join(LOG_FILE);
+        process::trim_log(&path, max_bytes).map_err(|source| VmmError::Io { path, source })
+    }
+
     /// Firecracker (and the jailer) accept ids of `[A-Za-z0-9-]`, at most 64 characters; sandbox ids look like
     /// `sbx_<hex>`, so anything else becomes `-`.
     pub fn instance_id(id: &str) -> String {
@@ -243,6 +252,7 @@ impl FirecrackerVmm {
             detail,
         };
         if spec.hostname.is_empty()
+            || spec.hostname.len() > 253
             || !spec
                 .hostname
                 .bytes()
@@ -252,6 +262,13 @@ impl FirecrackerVmm {
         }
         if !run.is_dir() {
             return Err(start_failed(format!("run directory {} missing", run.display())));
+        }
+        // A VM already answering in this run directory is never disturbed (its sockets would be unlinked).
+        if std::os::unix::net::UnixStream::connect(run.join(API_SOCKET)).is_ok() {
+            return Err(start_failed(format!(
+                "a Firecracker is already running in {}",
+                run.display()
+            )));
         }
         // Leftovers of an earlier run would make Firecracker refuse to bind its sockets.
         Self::remove_run_files(run);

@@ -111,6 +111,22 @@ async fn start_configures_runs_and_stop_leaves_nothing() {
     );
     assert!(cfg["entropy"].is_object(), "entropy device missing: {cfg}");
 
+    // A second start in the same run directory is refused and leaves the running VM alone.
+    match vmm.start(&spec).await {
+        Err(VmmError::StartFailed { detail, .. }) => assert!(detail.contains("already running"), "{detail}"),
+        other => panic!("second start: {other:?}"),
+    }
+    assert!(vmm.is_alive(&vm));
+    assert_eq!(api.describe().await.expect("describe").state, "Running");
+
+    // The log can be trimmed under a running Firecracker, which keeps appending at the new end (no hole).
+    assert!(vmm.trim_log(&vm, 256).expect("trim"));
+    api.describe().await.expect("describe after trim");
+    let log = std::fs::read(sbx.dir.join(LOG_FILE)).expect("log");
+    assert!(log.starts_with(b"[hearth: log trimmed,"));
+    assert!(!log.contains(&0u8), "the writer left a hole: it does not append");
+    assert!(String::from_utf8_lossy(&log).contains("The API server received a Get request"));
+
     // Seccomp stays on (Firecracker's default): every thread runs filtered once the VM started.
     let modes = seccomp_modes(vm.pid);
     assert!(modes.iter().any(|(c, _)| c.starts_with("fc_vcpu")), "{modes:?}");

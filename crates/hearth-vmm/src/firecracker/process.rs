@@ -208,6 +208,31 @@ fn reap_if_child(pid: u32) {
     }
 }
 
+/// Cuts `log` down to its last `max / 2` bytes once it is larger than `max`. The writer must have the file
+/// open with `O_APPEND` (as [`spawn_detached`] does), so its next write lands at the new end. Bytes the
+/// writer appends between the read and the truncation are lost, which is acceptable for a flood.
+pub fn trim_log(log: &Path, max: u64) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut file = match File::options().read(true).write(true).open(log) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    if len <= max {
+        return Ok(false);
+    }
+    let keep = max / 2;
+    file.seek(SeekFrom::Start(len - keep))?;
+    let mut tail = Vec::with_capacity(usize::try_from(keep).unwrap_or(0));
+    Read::by_ref(&mut file).take(keep).read_to_end(&mut tail)?;
+    file.set_len(0)?;
+    file.seek(SeekFrom::Start(0))?;
+    writeln!(file, "[hearth: log trimmed, {} bytes dropped]", len - keep)?;
+    file.write_all(&tail)?;
+    Ok(true)
+}
+
 /// The last ~2 KiB of the log, for error messages.
 pub fn log_tail(log: &Path) -> String {
     const TAIL: usize = 2048;
@@ -290,6 +315,30 @@ mod tests {
             ProcessError::ExitedEarly { log_tail } => assert!(log_tail.contains("boom")),
             other => panic!("unexpected {other}"),
         }
+    }
+
+    #[test]
+    fn trimming_keeps_the_tail_and_appends_continue() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("log");
+        let mut writer = File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("open");
+        for i in 0..2000 {
+            writeln!(writer, "line {i:05}").expect("write");
+        }
+        assert!(!trim_log(&log, 1 << 20).expect("no trim needed"));
+        assert!(trim_log(&log, 4000).expect("trim"));
+        writeln!(writer, "after trim").expect("write");
+        let text = std::fs::read_to_string(&log).expect("read");
+        assert!(text.len() < 2100, "{}", text.len());
+        assert!(text.starts_with("[hearth: log trimmed,"));
+        assert!(text.contains("line 01999\nafter trim\n"), "{text}");
+        assert!(!text.contains("line 00000"));
+        assert!(!trim_log(&dir.path().join("absent"), 10).expect("absent log"));
     }
 
     #[test]
