@@ -56,9 +56,13 @@ impl Cmdline {
         }
     }
 
-    /// Read `/proc/cmdline` (empty when unreadable).
+    /// Read `/proc/cmdline` (empty when unreadable). `HEARTH_AGENT_CMDLINE`, when set, replaces it (tests run
+    /// the agent as PID 1 of a namespace, where the real command line belongs to the host).
     pub fn read() -> Self {
-        Self::parse(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default())
+        match std::env::var("HEARTH_AGENT_CMDLINE") {
+            Ok(line) => Self::parse(&line),
+            Err(_) => Self::parse(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default()),
+        }
     }
 }
 
