@@ -199,3 +199,54 @@ async fn jailed_snapshot_restores_into_a_fresh_jail() {
     vmm.stop(&restored).await.expect("stop restored");
     assert!(processes_mentioning(&sbx.dir).is_empty());
 }
+
+/// A network namespace made (and removed) by the test.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Self {
+        let name = format!("hearth-fct-{tag}-{}", std::process::id());
+        let ok = std::process::Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("ip netns add");
+        assert!(ok.success(), "ip netns add {name}");
+        Self(name)
+    }
+
+    fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.0)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn jailed_vm_joins_the_given_network_namespace() {
+    let images = images();
+    let sbx = Sandbox::new();
+    let netns = Netns::new("join");
+    let mut cfg = JailerConfig::new(JAIL_ID, JAIL_ID);
+    cfg.netns = Some(netns.path());
+    let vmm = vmm().with_jailer(cfg);
+    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let vm = vmm.start(&sbx.spec(&images, disk)).await.expect("start in netns");
+    let _guard = KillOnDrop(vm.clone());
+    let ns_ino = std::fs::metadata(netns.path()).expect("netns").ino();
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/ns/net", vm.pid)).expect("net ns"),
+        PathBuf::from(format!("net:[{ns_ino}]"))
+    );
+    assert_ne!(
+        std::fs::read_link("/proc/self/ns/net").expect("own ns"),
+        PathBuf::from(format!("net:[{ns_ino}]"))
+    );
+    vmm.stop(&vm).await.expect("stop");
+    assert!(!running(vm.pid, vm.start_ticks));
+}

@@ -1,5 +1,6 @@
 //! Running Firecracker under its jailer (SECURITY.md promise 1): a chroot holding only what the VM needs, its
-//! own uid/gid, a new mount namespace (pivot_root), optional cgroup settings, and Firecracker's default seccomp
+//! own uid/gid, a new mount namespace (pivot_root), optional cgroup settings and network namespace, and
+//! Firecracker's default seccomp
 //! filters (never disabled here).
 //!
 //! The jail lives inside the sandbox's run directory, `<run>/jail/<exec name>/<instance id>/root`, so removing
@@ -36,6 +37,8 @@ pub struct JailerConfig {
     pub parent_cgroup: Option<String>,
     /// `file=value` settings for the VM's cgroup, e.g. `cpu.weight=100` (v2) or `cpu.shares=512` (v1).
     pub cgroups: Vec<String>,
+    /// Network namespace (e.g. `/run/netns/<name>`) Firecracker joins, where the VM's tap lives.
+    pub netns: Option<PathBuf>,
 }
 
 impl JailerConfig {
@@ -48,6 +51,7 @@ impl JailerConfig {
             cgroup_version: CgroupVersion::V2,
             parent_cgroup: None,
             cgroups: Vec::new(),
+            netns: None,
         }
     }
 }
@@ -166,6 +170,9 @@ impl Jail {
         ];
         if let Some(parent) = &cfg.parent_cgroup {
             args.extend(["--parent-cgroup".into(), parent.into()]);
+        }
+        if let Some(netns) = &cfg.netns {
+            args.extend(["--netns".into(), netns.clone().into()]);
         }
         for setting in &cfg.cgroups {
             let valid = setting.split_once('=').is_some_and(|(file, value)| {
