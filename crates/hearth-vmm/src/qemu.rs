@@ -1,1 +1,690 @@
+//! QEMU `microvm` driver.
+//!
+//! One QEMU process per sandbox, with everything it owns in the sandbox's run directory:
+//!
+//! ```text
+//! <run>/agent.sock    virtio-serial port `hearth.agent` (QEMU is the server; one client at a time)
+//! <run>/qmp.sock      QMP control socket (see [`qmp`])
+//! <run>/console.log   the guest's serial console
+//! <run>/qemu.log      QEMU's own stdout/stderr (start failures, "terminating on signal")
+//! <run>/qemu.pid      written by QEMU
+//! ```
+//!
+//! Detaching: QEMU's `-daemonize` forks and calls `setsid()`, which the seccomp filter we want
+//! (`-sandbox on,...,spawn=deny,elevateprivileges=deny`) forbids, and QEMU then exits with status 1 and no
+//! message. Least privilege wins: we start QEMU without `-daemonize`, in a new session (so a daemon restart or
+//! `kill -9` leaves it running), with stdio in `qemu.log`, and a thread reaps it if it exits while the daemon
+//! still lives. `start` returns once QMP answers `query-status` (the machine is built), or reports QEMU's
+//! stderr if it exits first.
+//!
+//! Pause/resume later: guest RAM moves to a `memory-backend-file` in [`QemuVmm::command_line`], and the
+//! snapshot itself is QMP `stop` + `migrate` to a file through [`qmp::Qmp::execute`].
 
+pub mod qmp;
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::net::UnixStream;
+
+use crate::{Accel, VmHandle, VmSpec, Vmm, VmmError, VmmKind, process_start_ticks};
+use qmp::Qmp;
+
+/// How long QEMU may take to build the machine and answer QMP.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long each stop step (QMP quit, SIGTERM, SIGKILL) waits for the process to go.
+const STOP_STEP: Duration = Duration::from_secs(3);
+/// Bound on one QMP exchange.
+const QMP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest Unix socket path (sun_path holds 108 bytes with the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// The files of one VM in its run directory.
+#[derive(Debug, Clone)]
+pub struct RunFiles {
+    pub agent_sock: PathBuf,
+    pub qmp_sock: PathBuf,
+    pub console_log: PathBuf,
+    pub qemu_log: PathBuf,
+    pub pid_file: PathBuf,
+}
+
+impl RunFiles {
+    pub fn new(run_dir: &Path) -> Self {
+        RunFiles {
+            agent_sock: run_dir.join("agent.sock"),
+            qmp_sock: run_dir.join("qmp.sock"),
+            console_log: run_dir.join("console.log"),
+            qemu_log: run_dir.join("qemu.log"),
+            pid_file: run_dir.join("qemu.pid"),
+        }
+    }
+}
+
+/// The QEMU driver.
+#[derive(Debug, Clone)]
+pub struct QemuVmm {
+    accel: Accel,
+    binary: PathBuf,
+    version: String,
+}
+
+impl QemuVmm {
+    /// A driver for `binary` (whose `--version` said `version`), running guests with `accel`.
+    pub fn new(accel: Accel, binary: PathBuf, version: String) -> Self {
+        // Compare against the resolved path later: /proc/<pid>/exe is always canonical.
+        let binary = std::fs::canonicalize(&binary).unwrap_or(binary);
+        QemuVmm {
+            accel,
+            binary,
+            version,
+        }
+    }
+
+    /// Finds QEMU as the host probe does (`HEARTH_QEMU` or `qemu-system-x86_64` on `PATH`).
+    pub fn locate(accel: Accel) -> Result<Self, VmmError> {
+        let missing = |detail| VmmError::BinaryMissing {
+            binary: crate::detect::QEMU_BINARY.to_string(),
+            detail,
+        };
+        let path = crate::detect::find_qemu().map_err(missing)?;
+        let info = crate::detect::binary_info(&path).map_err(missing)?;
+        Ok(QemuVmm::new(accel, info.path, info.version))
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// QEMU's arguments for `spec` (without the binary).
+    pub fn command_line(&self, spec: &VmSpec) -> Result<Vec<OsString>, VmmError> {
+        let bad = |detail: String| VmmError::StartFailed {
+            id: spec.id.clone(),
+            detail,
+        };
+        if !valid_hostname(&spec.hostname) {
+            return Err(bad(format!("invalid hostname {:?}", spec.hostname)));
+        }
+        if spec.vcpus == 0 || spec.memory_mib == 0 {
+            return Err(bad("vcpus and memory must be positive".to_string()));
+        }
+        let files = RunFiles::new(&spec.run_dir);
+        for sock in [&files.agent_sock, &files.qmp_sock] {
+            if sock.as_os_str().len() > MAX_SOCKET_PATH {
+                return Err(bad(format!(
+                    "socket path {} is longer than {MAX_SOCKET_PATH} bytes",
+                    sock.display()
+                )));
+            }
+        }
+        let opt = |p: &Path| opt_path(p).map_err(bad);
+
+        let mut append = String::from("console=ttyS0 reboot=k panic=-1 pci=off quiet");
+        if let Some(khz) = host_tsc_khz() {
+            // Without it a microvm guest under load can hang at "Marking TSC unstable" (docs ENVIRONMENT.md).
+            append.push_str(&format!(" tsc_early_khz={khz}"));
+        }
+        append.push_str(&format!(
+            " hearth.transport=serial hearth.hostname={}",
+            spec.hostname
+        ));
+
+        let (accel, cpu) = match self.accel {
+            Accel::Kvm => ("kvm", "host"),
+            Accel::Tcg => ("tcg", "max"),
+        };
+        let mut args: Vec<String> = vec![
+            "-M".into(),
+            // ACPI on: the Debian kernel finds the virtio-mmio devices through it (no cmdline devices).
+            // No legacy PIT/PIC; the RTC stays so the guest starts with the right wall-clock time.
+            "microvm,acpi=on,pit=off,pic=off".into(),
+            "-nodefaults".into(),
+            "-no-user-config".into(),
+            "-nographic".into(),
+            "-no-reboot".into(),
+            "-accel".into(),
+            accel.into(),
+            "-cpu".into(),
+            cpu.into(),
+            "-smp".into(),
+            spec.vcpus.to_string(),
+            "-m".into(),
+            spec.memory_mib.to_string(),
+            "-kernel".into(),
+            path_str(&spec.images.vmlinuz).map_err(bad)?,
+            "-initrd".into(),
+            path_str(&spec.images.initramfs).map_err(bad)?,
+            "-append".into(),
+            append,
+            // Root disk: the sandbox's own qcow2 overlay.
+            "-drive".into(),
+            format!(
+                "if=none,id=root,file={},format=qcow2,discard=unmap",
+                opt(&spec.disk)?
+            ),
+            "-device".into(),
+            "virtio-blk-device,drive=root".into(),
+            // Agent channel: a virtio-serial port, migratable (pause/resume needs that).
+            "-device".into(),
+            "virtio-serial-device".into(),
+            "-chardev".into(),
+            format!(
+                "socket,id=agent,path={},server=on,wait=off",
+                opt(&files.agent_sock)?
+            ),
+            "-device".into(),
+            "virtserialport,chardev=agent,name=hearth.agent".into(),
+            // Entropy from the host, so the guest's RNG is seeded before user code runs.
+            "-device".into(),
+            "virtio-rng-device".into(),
+            "-chardev".into(),
+            format!("socket,id=qmp,path={},server=on,wait=off", opt(&files.qmp_sock)?),
+            "-mon".into(),
+            "chardev=qmp,mode=control".into(),
+            "-chardev".into(),
+            format!("file,id=console,path={}", opt(&files.console_log)?),
+            "-serial".into(),
+            "chardev:console".into(),
+            "-pidfile".into(),
+            path_str(&files.pid_file).map_err(bad)?,
+            "-sandbox".into(),
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+        ];
+        args.shrink_to_fit();
+        Ok(args.into_iter().map(OsString::from).collect())
+    }
+
+    /// A QMP connection to a running VM, for commands beyond the trait (pause, snapshot).
+    pub async fn qmp(&self, vm: &VmHandle) -> Result<Qmp, VmmError> {
+        let path = RunFiles::new(&vm.run_dir).qmp_sock;
+        match tokio::time::timeout(QMP_TIMEOUT, Qmp::connect(&path)).await {
+            Ok(Ok(q)) => Ok(q),
+            Ok(Err(e)) => Err(api_err(vm, "connect", e.to_string())),
+            Err(_) => Err(api_err(vm, "connect", "timed out".to_string())),
+        }
+    }
+
+    /// True while `vm`'s process exists (not a zombie) with the recorded start time.
+    fn same_process(vm: &VmHandle) -> bool {
+        proc_state(vm.pid).is_some_and(|s| s != 'Z' && s != 'X')
+            && process_start_ticks(vm.pid) == Some(vm.start_ticks)
+    }
+
+    async fn wait_gone(vm: &VmHandle, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if !Self::same_process(vm) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        !Self::same_process(vm)
+    }
+
+    async fn signal(vm: &VmHandle, sig: Signal) -> Result<(), VmmError> {
+        // Re-check right before signalling: never signal a pid that now belongs to someone else.
+        if !Self::same_process(vm) {
+            return Ok(());
+        }
+        let pid = i32::try_from(vm.pid).map_err(|_| api_err(vm, "signal", "pid out of range".into()))?;
+        match kill(Pid::from_raw(pid), sig) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+            Err(e) => Err(api_err(vm, "signal", format!("{sig}: {e}"))),
+        }
+    }
+}
+
+fn api_err(vm: &VmHandle, endpoint: &str, detail: String) -> VmmError {
+    VmmError::Api {
+        id: vm.run_dir.display().to_string(),
+        endpoint: endpoint.to_string(),
+        detail,
+    }
+}
+
+#[async_trait::async_trait]
+impl Vmm for QemuVmm {
+    fn kind(&self) -> VmmKind {
+        VmmKind::Qemu
+    }
+
+    fn accel(&self) -> Accel {
+        self.accel
+    }
+
+    fn version(&self) -> String {
+        self.version.clone()
+    }
+
+    async fn prepare_disk(&self, base: &Path, dest_dir: &Path) -> Result<PathBuf, VmmError> {
+        let disk_err = |path: &Path, detail: String| VmmError::Disk {
+            path: path.to_path_buf(),
+            detail,
+        };
+        // Back the overlay with the resolved template file: images/build.sh never rewrites a resolved version,
+        // so the overlay keeps seeing the same base even after the template is rebuilt.
+        let base = std::fs::canonicalize(base).map_err(|e| disk_err(base, e.to_string()))?;
+        let dest = dest_dir.join("disk.qcow2");
+        if dest.exists() {
+            return Err(disk_err(&dest, "already exists".to_string()));
+        }
+        let qemu_img = self
+            .binary
+            .parent()
+            .map(|d| d.join("qemu-img"))
+            .filter(|p| p.exists())
+            .or_else(|| crate::detect::which("qemu-img"))
+            .ok_or_else(|| VmmError::BinaryMissing {
+                binary: "qemu-img".to_string(),
+                detail: "not found next to QEMU nor on PATH (install qemu-utils)".to_string(),
+            })?;
+        let out = tokio::process::Command::new(&qemu_img)
+            .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+            .arg(&base)
+            .arg(&dest)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| disk_err(&dest, format!("{}: {e}", qemu_img.display())))?;
+        if !out.status.success() {
+            return Err(disk_err(
+                &dest,
+                format!(
+                    "qemu-img create ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            ));
+        }
+        Ok(dest)
+    }
+
+    async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError> {
+        let files = RunFiles::new(&spec.run_dir);
+        let failed = |detail: String| VmmError::StartFailed {
+            id: spec.id.clone(),
+            detail,
+        };
+        if !self.binary.exists() {
+            return Err(VmmError::BinaryMissing {
+                binary: self.binary.display().to_string(),
+                detail: "no such file".to_string(),
+            });
+        }
+        let args = self.command_line(spec)?;
+        // Leftovers of an earlier run would make readiness checks lie.
+        for stale in [&files.agent_sock, &files.qmp_sock, &files.pid_file] {
+            match std::fs::remove_file(stale) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(VmmError::Io {
+                        path: stale.clone(),
+                        source: e,
+                    });
+                }
+            }
+        }
+        let log = File::create(&files.qemu_log).map_err(|e| VmmError::Io {
+            path: files.qemu_log.clone(),
+            source: e,
+        })?;
+        let log2 = log.try_clone().map_err(|e| VmmError::Io {
+            path: files.qemu_log.clone(),
+            source: e,
+        })?;
+        let mut cmd = std::process::Command::new(&self.binary);
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log2));
+        // SAFETY: runs in the forked child before exec; setsid(2) is async-signal-safe and touches no memory
+        // shared with the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| failed(format!("spawn {}: {e}", self.binary.display())))?;
+        let pid = child.id();
+        let start_ticks = process_start_ticks(pid);
+        // Reap QEMU whenever it exits while we live; report the exit to the readiness loop below.
+        let (exit_tx, mut exit_rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("qemu-reap-{pid}"))
+            .spawn(move || {
+                let _ = exit_tx.send(child.wait());
+            })
+            .map_err(|e| failed(format!("reaper thread: {e}")))?;
+        let handle = VmHandle {
+            kind: VmmKind::Qemu,
+            pid,
+            start_ticks: start_ticks.unwrap_or(0),
+            run_dir: spec.run_dir.clone(),
+        };
+
+        let deadline = Instant::now() + START_TIMEOUT;
+        let ready = loop {
+            if let Ok(status) = exit_rx.try_recv() {
+                let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                break Err(format!(
+                    "qemu exited during startup ({status}): {}",
+                    log_tail(&files.qemu_log)
+                ));
+            }
+            if start_ticks.is_none() {
+                break Err("cannot read the start time of the qemu process".to_string());
+            }
+            if files.qmp_sock.exists() {
+                let probe = async {
+                    let mut q = Qmp::connect(&files.qmp_sock).await?;
+                    q.query_status().await
+                };
+                if let Ok(Ok(_status)) = tokio::time::timeout(QMP_TIMEOUT, probe).await {
+                    break Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                break Err(format!(
+                    "qmp not ready after {START_TIMEOUT:?}: {}",
+                    log_tail(&files.qemu_log)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        match ready {
+            Ok(()) => Ok(handle),
+            Err(detail) => {
+                // Nothing of the VM may be left running.
+                if start_ticks.is_some() {
+                    let _ = Self::signal(&handle, Signal::SIGKILL).await;
+                    let _ = tokio::time::timeout(STOP_STEP, exit_rx).await;
+                }
+                Err(failed(detail))
+            }
+        }
+    }
+
+    async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {
+        let path = RunFiles::new(&vm.run_dir).agent_sock;
+        let err = |detail: String| VmmError::AgentChannel {
+            id: vm.run_dir.display().to_string(),
+            detail,
+        };
+        if !path.exists() {
+            return Err(err(format!("{} does not exist", path.display())));
+        }
+        match tokio::time::timeout(Duration::from_secs(1), UnixStream::connect(&path)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => Err(err(format!("{}: {e}", path.display()))),
+            Err(_) => Err(err(format!("{}: connect timed out", path.display()))),
+        }
+    }
+
+    async fn stop(&self, vm: &VmHandle) -> Result<(), VmmError> {
+        if !Self::same_process(vm) {
+            return Ok(());
+        }
+        // Politely first: QMP quit lets QEMU flush the disk image.
+        if let Ok(mut q) = self.qmp(vm).await {
+            let _ = tokio::time::timeout(QMP_TIMEOUT, q.quit()).await;
+            if Self::wait_gone(vm, STOP_STEP).await {
+                return Ok(());
+            }
+        }
+        for sig in [Signal::SIGTERM, Signal::SIGKILL] {
+            Self::signal(vm, sig).await?;
+            if Self::wait_gone(vm, STOP_STEP).await {
+                return Ok(());
+            }
+        }
+        Err(api_err(
+            vm,
+            "stop",
+            format!("pid {} still alive after SIGKILL", vm.pid),
+        ))
+    }
+
+    fn is_alive(&self, vm: &VmHandle) -> bool {
+        if vm.kind != VmmKind::Qemu || !Self::same_process(vm) {
+            return false;
+        }
+        let exe_ok = std::fs::read_link(format!("/proc/{}/exe", vm.pid)).is_ok_and(|exe| {
+            // An upgraded binary shows as "<path> (deleted)" in running processes; it is still our VM.
+            let exe = exe.to_string_lossy();
+            exe.strip_suffix(" (deleted)").unwrap_or(&exe) == self.binary.to_string_lossy()
+        });
+        // The command line names this VM's QMP socket: the process is this VM, not just any QEMU.
+        let qmp = RunFiles::new(&vm.run_dir).qmp_sock;
+        let cmdline_ok = std::fs::read(format!("/proc/{}/cmdline", vm.pid)).is_ok_and(|c| {
+            let needle = format!("path={}", qmp.display().to_string().replace(',', ",,"));
+            c.split(|b| *b == 0)
+                .any(|arg| arg.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        });
+        exe_ok && cmdline_ok
+    }
+}
+
+/// Process state letter (`R`, `S`, `Z`, ...) from `/proc/<pid>/stat`.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.get(stat.rfind(')')? + 2..)?.chars().next()
+}
+
+/// Hostnames go on the kernel command line: keep them to one plain word.
+fn valid_hostname(h: &str) -> bool {
+    (1..=64).contains(&h.len())
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+fn path_str(p: &Path) -> Result<String, String> {
+    p.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("path {} is not UTF-8", p.display()))
+}
+
+/// A path as a QEMU option value: commas are doubled so they cannot start another option.
+fn opt_path(p: &Path) -> Result<String, String> {
+    Ok(path_str(p)?.replace(',', ",,"))
+}
+
+/// The last few lines of a log file, for error messages.
+fn log_tail(path: &Path) -> String {
+    const MAX: u64 = 2048;
+    let Ok(mut f) = File::open(path) else {
+        return format!("(no {})", path.display());
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(MAX)));
+    let mut buf = Vec::new();
+    let _ = f.take(MAX).read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).trim().to_string();
+    if text.is_empty() {
+        "(qemu printed nothing)".to_string()
+    } else {
+        text
+    }
+}
+
+/// The host's TSC frequency in kHz, from the kernel log (`tsc: Refined TSC clocksource calibration` or
+/// `tsc: Detected X MHz`) or else `/proc/cpuinfo`. Read once.
+pub fn host_tsc_khz() -> Option<u64> {
+    static KHZ: OnceLock<Option<u64>> = OnceLock::new();
+    *KHZ.get_or_init(|| {
+        tsc_from_kmsg().or_else(|| {
+            let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+            info.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1))
+                .and_then(mhz_to_khz)
+        })
+    })
+}
+
+fn tsc_from_kmsg() -> Option<u64> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/kmsg")
+        .ok()?;
+    let (mut detected, mut refined) = (None, None);
+    let mut buf = vec![0u8; 8192];
+    // One record per read; EAGAIN at the end of the buffer; EPIPE when a record was overwritten (go on).
+    for _ in 0..100_000 {
+        match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let rec = String::from_utf8_lossy(&buf[..n]);
+                let msg = rec.split_once(';').map(|(_, m)| m).unwrap_or(&rec);
+                if let Some(rest) = msg.strip_prefix("tsc: Refined TSC clocksource calibration: ") {
+                    refined = rest.split_whitespace().next().and_then(mhz_to_khz);
+                } else if let Some(rest) = msg.strip_prefix("tsc: Detected ") {
+                    detected = rest.split_whitespace().next().and_then(mhz_to_khz);
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+            Err(_) => break,
+        }
+    }
+    refined.or(detected)
+}
+
+/// "2445.406" (MHz) -> 2445406 (kHz).
+fn mhz_to_khz(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    let mut frac: String = frac.chars().take(3).collect();
+    while frac.len() < 3 {
+        frac.push('0');
+    }
+    let khz = int.parse::<u64>().ok()?.checked_mul(1000)? + frac.parse::<u64>().ok()?;
+    (khz > 0).then_some(khz)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BootImages;
+
+    fn spec(run: &Path) -> VmSpec {
+        VmSpec {
+            id: "sbx_0123456789abcdef".into(),
+            vcpus: 2,
+            memory_mib: 256,
+            images: BootImages {
+                vmlinuz: "/img/vmlinuz".into(),
+                vmlinux: "/img/vmlinux".into(),
+                initramfs: "/img/initramfs.cpio.gz".into(),
+            },
+            disk: run.join("disk.qcow2"),
+            run_dir: run.to_path_buf(),
+            hostname: "sbx-1".into(),
+        }
+    }
+
+    fn args_of(vmm: &QemuVmm, s: &VmSpec) -> Vec<String> {
+        vmm.command_line(s)
+            .expect("command line")
+            .into_iter()
+            .map(|a| a.into_string().expect("utf-8"))
+            .collect()
+    }
+
+    #[test]
+    fn command_line_has_the_devices_and_accel() {
+        let vmm = QemuVmm::new(
+            Accel::Tcg,
+            "/usr/bin/qemu-system-x86_64".into(),
+            "QEMU 10.0.2".into(),
+        );
+        let a = args_of(&vmm, &spec(Path::new("/run/h/sbx")));
+        let joined = a.join(" ");
+        assert!(joined.contains("-accel tcg -cpu max -smp 2 -m 256"), "{joined}");
+        assert!(joined.contains("virtserialport,chardev=agent,name=hearth.agent"));
+        assert!(joined.contains("socket,id=agent,path=/run/h/sbx/agent.sock,server=on,wait=off"));
+        assert!(joined.contains("file=/run/h/sbx/disk.qcow2,format=qcow2"));
+        assert!(joined.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny"));
+        assert!(!a.iter().any(|x| x == "-daemonize"));
+        let append = &a[a.iter().position(|x| x == "-append").expect("append") + 1];
+        assert!(
+            append.contains("hearth.hostname=sbx-1") && append.contains("panic=-1"),
+            "{append}"
+        );
+        let kvm = QemuVmm::new(
+            Accel::Kvm,
+            "/usr/bin/qemu-system-x86_64".into(),
+            "QEMU 10.0.2".into(),
+        );
+        assert!(
+            args_of(&kvm, &spec(Path::new("/r")))
+                .join(" ")
+                .contains("-accel kvm -cpu host")
+        );
+    }
+
+    #[test]
+    fn commas_in_paths_cannot_inject_options() {
+        let vmm = QemuVmm::new(Accel::Tcg, "/usr/bin/qemu-system-x86_64".into(), "v".into());
+        let a = args_of(&vmm, &spec(Path::new("/run/a,b=c")));
+        assert!(
+            a.iter().any(|x| x.contains("path=/run/a,,b=c/agent.sock,")),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn bad_hostnames_and_long_paths_are_refused() {
+        let vmm = QemuVmm::new(Accel::Tcg, "/usr/bin/qemu-system-x86_64".into(), "v".into());
+        let mut s = spec(Path::new("/r"));
+        s.hostname = "a b init=/bin/sh".into();
+        assert!(matches!(vmm.command_line(&s), Err(VmmError::StartFailed { .. })));
+        let long = PathBuf::from(format!("/{}", "x".repeat(120)));
+        assert!(matches!(
+            vmm.command_line(&spec(&long)),
+            Err(VmmError::StartFailed { .. })
+        ));
+    }
+
+    #[test]
+    fn mhz_parsing() {
+        assert_eq!(mhz_to_khz("2445.406"), Some(2_445_406));
+        assert_eq!(mhz_to_khz(" 3000"), Some(3_000_000));
+        assert_eq!(mhz_to_khz("1999.9"), Some(1_999_900));
+        assert_eq!(mhz_to_khz("x"), None);
+        assert!(
+            host_tsc_khz().is_some_and(|k| k > 100_000),
+            "host TSC frequency not found"
+        );
+    }
+
+    #[test]
+    fn dead_handles_are_not_alive() {
+        let vmm = QemuVmm::new(Accel::Tcg, "/usr/bin/qemu-system-x86_64".into(), "v".into());
+        let me = VmHandle {
+            kind: VmmKind::Qemu,
+            pid: std::process::id(),
+            start_ticks: process_start_ticks(std::process::id()).expect("ticks"),
+            run_dir: "/nonexistent".into(),
+        };
+        // This test process is alive but is not QEMU.
+        assert!(!vmm.is_alive(&me));
+        let reused = VmHandle {
+            start_ticks: me.start_ticks + 1,
+            ..me.clone()
+        };
+        assert!(!QemuVmm::same_process(&reused));
+    }
+}
