@@ -1,0 +1,370 @@
+//! Harness for real-VM tests: starts the real `hearthd` binary on a temporary data directory, reads its address
+//! and API key, offers small client helpers, and on drop kills the daemon and every VMM process whose files
+//! live in that directory.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use hearth_api::{CommandResult, Sandbox};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Serialises the VM tests of one test binary: TCG guests on two cores boot much faster one group at a time.
+pub static VM_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub fn images_dir() -> PathBuf {
+    std::env::var_os("HEARTH_IMAGES").map_or_else(|| PathBuf::from("/var/lib/hearth/images"), PathBuf::from)
+}
+
+pub fn template_built(name: &str) -> bool {
+    images_dir().join("rootfs").join(format!("{name}.ext4")).is_file()
+}
+
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    child: Option<Child>,
+    pub addr: String,
+    pub key: String,
+    pub http: reqwest::Client,
+}
+
+impl Daemon {
+    pub async fn start() -> Daemon {
+        let dir = tempfile::Builder::new().prefix("hd").tempdir().expect("tempdir");
+        let mut d = Daemon {
+            dir,
+            child: None,
+            addr: String::new(),
+            key: String::new(),
+            http: reqwest::Client::new(),
+        };
+        d.spawn().await;
+        d
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("hearthd.log")
+    }
+
+    async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_hearthd"))
+            .arg("--data-dir")
+            .arg(self.dir.path())
+            .arg("--images-dir")
+            .arg(images_dir())
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--vmm",
+                "qemu",
+                "--default-template",
+                "minimal",
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn hearthd");
+        self.child = Some(child);
+        let addr_file = self.dir.path().join("listen-addr");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(a) = std::fs::read_to_string(&addr_file)
+                && a.ends_with('\n')
+            {
+                self.addr = a.trim().to_string();
+                break;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("hearthd exited with {status}: {}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hearthd did not listen: {}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.key = std::fs::read_to_string(self.dir.path().join("api-key"))
+            .expect("api-key")
+            .trim()
+            .to_string();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// `kill -9` the daemon (VMs keep running) and start it again on the same data directory.
+    pub async fn kill9_and_restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        std::fs::remove_file(self.dir.path().join("listen-addr")).ok();
+        self.spawn().await;
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, self.url(path)).bearer_auth(&self.key)
+    }
+
+    pub async fn create(&self, body: Value) -> Sandbox {
+        let resp = self
+            .req(reqwest::Method::POST, "/v1/sandboxes")
+            .json(&body)
+            .send()
+            .await
+            .expect("create");
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert_eq!(status, StatusCode::CREATED, "create: {text}\n{}", self.log());
+        serde_json::from_str(&text).expect("sandbox json")
+    }
+
+    pub async fn get(&self, id: &str) -> (StatusCode, Value) {
+        let resp = self
+            .req(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .expect("get");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn list_ids(&self) -> Vec<String> {
+        let v: Value = self
+            .req(reqwest::Method::GET, "/v1/sandboxes")
+            .send()
+            .await
+            .expect("list")
+            .json()
+            .await
+            .expect("json");
+        v["sandboxes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["id"].as_str().map(String::from))
+            .collect()
+    }
+
+    pub async fn destroy(&self, id: &str) {
+        let resp = self
+            .req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"))
+            .send()
+            .await
+            .expect("delete");
+        assert_eq!(
+            resp.status(),
+            StatusCode::NO_CONTENT,
+            "{}",
+            resp.text().await.unwrap_or_default()
+        );
+    }
+
+    /// Runs a command (buffered) and returns its result; panics on a non-200 answer.
+    pub async fn run(&self, id: &str, body: Value) -> CommandResult {
+        let (status, v) = self.run_raw(id, body).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        serde_json::from_value(v).expect("command result")
+    }
+
+    pub async fn sh(&self, id: &str, cmd: &str) -> CommandResult {
+        self.run(id, json!({ "cmd": cmd })).await
+    }
+
+    pub async fn run_raw(&self, id: &str, body: Value) -> (StatusCode, Value) {
+        let resp = self
+            .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/commands"))
+            .json(&body)
+            .send()
+            .await
+            .expect("command");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Runs a command with `Accept: text/event-stream` and collects its events.
+    pub async fn run_sse(&self, id: &str, body: Value) -> SseOutcome {
+        let mut resp = self
+            .req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/commands"))
+            .header("accept", "text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .expect("command");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        let mut out = SseOutcome::default();
+        let mut buf = Vec::new();
+        let mut event = String::new();
+        while let Some(chunk) = resp.chunk().await.expect("chunk") {
+            buf.extend_from_slice(&chunk);
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                let line = String::from_utf8(line).expect("utf8");
+                let line = line.trim_end_matches(['\n', '\r']);
+                if let Some(e) = line.strip_prefix("event:") {
+                    event = e.trim().to_string();
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    let v: Value = serde_json::from_str(d.trim()).expect("event json");
+                    out.events.push(event.clone());
+                    let b64 = |v: &Value| {
+                        base64::engine::general_purpose::STANDARD
+                            .decode(v["data_b64"].as_str().unwrap_or(""))
+                            .expect("base64")
+                    };
+                    match event.as_str() {
+                        "stdout" => out.stdout.extend(b64(&v)),
+                        "stderr" => out.stderr.extend(b64(&v)),
+                        "exit" | "error" => out.end = Some(v),
+                        "start" => out.pid = v["pid"].as_u64(),
+                        other => panic!("unexpected event {other}"),
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> (StatusCode, Value) {
+        let resp = self
+            .req(
+                reqwest::Method::PUT,
+                &format!("/v1/sandboxes/{id}/files?path={path}"),
+            )
+            .body(data)
+            .send()
+            .await
+            .expect("put");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get_file(&self, id: &str, path: &str) -> (StatusCode, Vec<u8>) {
+        let resp = self
+            .req(
+                reqwest::Method::GET,
+                &format!("/v1/sandboxes/{id}/files?path={path}"),
+            )
+            .send()
+            .await
+            .expect("get file");
+        let status = resp.status();
+        (status, resp.bytes().await.expect("bytes").to_vec())
+    }
+
+    /// A request with an optional JSON body; returns the status and the JSON answer (or null).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut rb = self.req(method, path);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let resp = rb.send().await.expect("request");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Pids of live (non-zombie) processes whose command line mentions this sandbox's directory.
+    pub fn vm_pids(&self, id: &str) -> Vec<u32> {
+        pids_mentioning(&self.sandbox_dir(id))
+    }
+
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.dir.path().join("sandboxes").join(id)
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct SseOutcome {
+    pub pid: Option<u64>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub events: Vec<String>,
+    pub end: Option<Value>,
+}
+
+/// Pids of live (non-zombie) processes whose command line contains `needle`.
+pub fn pids_mentioning(needle: &Path) -> Vec<u32> {
+    let needle = needle.as_os_str().as_encoded_bytes().to_vec();
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rfind(')').and_then(|i| s.get(i + 2..i + 3)).map(|st| st == "Z"))
+            .unwrap_or(true);
+        if !zombie && cmd.windows(needle.len()).any(|w| w == needle.as_slice()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for pid in pids_mentioning(self.dir.path()) {
+            // SAFETY: kill(2) has no memory-safety preconditions; the pid runs from this test's directory.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
