@@ -1,0 +1,381 @@
+//! The host client against a scripted, misbehaving guest: stale handshake frames, version mismatch, credit
+//! overrun, unknown streams, malformed headers, message floods, lying file reads, abandoned streams.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hearth_proto::client::{AgentClient, ClientError, ExecEvent};
+use hearth_proto::frame::{MAGIC, encode};
+use hearth_proto::io::FrameReader;
+use hearth_proto::{ErrorKind, ExecRequest, GuestMsg, HostMsg, PROTOCOL_VERSION, WINDOW};
+use tokio::io::{AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+
+struct FakeGuest {
+    rd: FrameReader<ReadHalf<DuplexStream>>,
+    wr: WriteHalf<DuplexStream>,
+}
+
+impl FakeGuest {
+    async fn next(&mut self) -> (u32, HostMsg, Bytes) {
+        loop {
+            let f = self
+                .rd
+                .next()
+                .await
+                .expect("io")
+                .expect("open")
+                .expect("valid frame");
+            let h = f.parse::<HostMsg>().expect("host header");
+            return (h.stream, h.msg, f.data);
+        }
+    }
+
+    /// Next message that is not a credit grant.
+    async fn next_request(&mut self) -> (u32, HostMsg, Bytes) {
+        loop {
+            let m = self.next().await;
+            if !matches!(m.1, HostMsg::Credit { .. }) {
+                return m;
+            }
+        }
+    }
+
+    async fn send(&mut self, stream: u32, msg: GuestMsg, data: &[u8]) {
+        let f = encode(stream, &msg, Bytes::copy_from_slice(data)).expect("encode");
+        self.wr.write_all(&f.to_vec()).await.expect("write");
+    }
+
+    /// Send, ignoring a closed connection (the client may hang up mid-flood).
+    async fn try_send(&mut self, stream: u32, msg: GuestMsg, data: &[u8]) {
+        let f = encode(stream, &msg, Bytes::copy_from_slice(data)).expect("encode");
+        let _ = self.wr.write_all(&f.to_vec()).await;
+    }
+
+    async fn raw(&mut self, bytes: &[u8]) {
+        self.wr.write_all(bytes).await.expect("write");
+    }
+}
+
+fn pair() -> (DuplexStream, FakeGuest) {
+    let (host, guest) = tokio::io::duplex(4 << 20);
+    let (rd, wr) = tokio::io::split(guest);
+    (
+        host,
+        FakeGuest {
+            rd: FrameReader::new(rd),
+            wr,
+        },
+    )
+}
+
+/// Connect a client to a fake guest that answers the handshake correctly.
+async fn connected() -> (AgentClient, FakeGuest) {
+    let (host, mut g) = pair();
+    let connect = tokio::spawn(AgentClient::connect(host, Duration::from_secs(5)));
+    let (_, hello, _) = g.next().await;
+    let HostMsg::Hello { version, nonce } = hello else {
+        panic!("expected Hello, got {hello:?}")
+    };
+    assert_eq!(version, PROTOCOL_VERSION);
+    g.send(
+        0,
+        GuestMsg::HelloOk {
+            version,
+            agent_version: "fake".into(),
+            nonce,
+        },
+        b"",
+    )
+    .await;
+    let c = connect.await.expect("join").expect("connect");
+    (c, g)
+}
+
+async fn wait_closed(c: &AgentClient) {
+    for _ in 0..200 {
+        if c.is_closed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("client did not close the connection");
+}
+
+#[tokio::test]
+async fn handshake_skips_stale_frames_and_garbage() {
+    let (host, mut g) = pair();
+    let connect = tokio::spawn(AgentClient::connect(host, Duration::from_secs(5)));
+    let (_, HostMsg::Hello { nonce, .. }, _) = g.next().await else {
+        panic!("no hello")
+    };
+    g.raw(b"junk from a previous session HRT").await;
+    let mut oversize = MAGIC.to_vec();
+    oversize.extend_from_slice(&u32::MAX.to_le_bytes());
+    oversize.extend_from_slice(&u32::MAX.to_le_bytes());
+    g.raw(&oversize).await;
+    g.send(
+        0,
+        GuestMsg::HelloOk {
+            version: PROTOCOL_VERSION,
+            agent_version: "old".into(),
+            nonce: nonce ^ 1,
+        },
+        b"",
+    )
+    .await;
+    g.send(5, GuestMsg::Stdout, b"stale output").await;
+    g.send(
+        0,
+        GuestMsg::HelloOk {
+            version: PROTOCOL_VERSION,
+            agent_version: "new".into(),
+            nonce,
+        },
+        b"",
+    )
+    .await;
+    let c = connect.await.expect("join").expect("connect");
+    assert_eq!(c.agent_version(), "new");
+}
+
+#[tokio::test]
+async fn version_mismatch_is_a_clear_error() {
+    let (host, mut g) = pair();
+    let connect = tokio::spawn(AgentClient::connect(host, Duration::from_secs(5)));
+    let (_, HostMsg::Hello { nonce, .. }, _) = g.next().await else {
+        panic!("no hello")
+    };
+    g.send(
+        0,
+        GuestMsg::HelloOk {
+            version: PROTOCOL_VERSION + 1,
+            agent_version: "x".into(),
+            nonce,
+        },
+        b"",
+    )
+    .await;
+    match connect.await.expect("join") {
+        Err(ClientError::VersionMismatch { host, agent }) => assert_eq!((host, agent), (1, 2)),
+        other => panic!("expected a version mismatch, got {other:?}"),
+    }
+    let (host, mut g) = pair();
+    let connect = tokio::spawn(AgentClient::connect(host, Duration::from_secs(5)));
+    g.next().await;
+    g.send(
+        0,
+        GuestMsg::error(ErrorKind::VersionMismatch, "host speaks 1, agent speaks 7"),
+        b"",
+    )
+    .await;
+    let err = connect.await.expect("join").expect_err("mismatch");
+    assert!(
+        matches!(err, ClientError::VersionMismatch { agent: 7, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("version 7"), "{err}");
+}
+
+#[tokio::test]
+async fn silent_guest_times_out() {
+    let (host, _g) = pair();
+    let err = AgentClient::connect(host, Duration::from_millis(200))
+        .await
+        .expect_err("timeout");
+    assert!(matches!(err, ClientError::Timeout), "{err:?}");
+}
+
+#[tokio::test]
+async fn exceeding_credit_closes_the_connection() {
+    let (c, mut g) = connected().await;
+    let exec = tokio::spawn({
+        let c = c.clone();
+        async move { c.exec(ExecRequest::shell("yes")).await }
+    });
+    let (s, HostMsg::Exec(_), _) = g.next_request().await else {
+        panic!("expected exec")
+    };
+    g.send(s, GuestMsg::Started { pid: 42 }, b"").await;
+    let mut h = exec.await.expect("join").expect("exec");
+    let chunk = vec![b'y'; 256 * 1024];
+    for _ in 0..(WINDOW as usize / chunk.len() + 1) {
+        g.try_send(s, GuestMsg::Stdout, &chunk).await;
+    }
+    wait_closed(&c).await;
+    assert!(
+        c.close_reason().expect("reason").contains("window"),
+        "{:?}",
+        c.close_reason()
+    );
+    // What was within the window is still delivered, then the stream fails.
+    let mut got = 0;
+    let err = loop {
+        match h.next_event().await.expect("event") {
+            ExecEvent::Stdout(d) => got += d.len(),
+            ExecEvent::Error(e) => break e,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(got as u64, WINDOW);
+    assert!(matches!(err, ClientError::Protocol(_)), "{err:?}");
+    assert!(matches!(c.ping().await, Err(ClientError::Protocol(_))));
+}
+
+#[tokio::test]
+async fn unknown_streams_are_ignored() {
+    let (c, mut g) = connected().await;
+    let ping = tokio::spawn({
+        let c = c.clone();
+        async move { c.ping().await }
+    });
+    let (s, HostMsg::Ping, _) = g.next_request().await else {
+        panic!("expected ping")
+    };
+    for id in [0, 2, 999, s + 2, u32::MAX] {
+        g.send(id, GuestMsg::Stdout, &[0u8; 200 * 1024]).await;
+        g.send(id, GuestMsg::Pong, b"").await;
+        g.send(id, GuestMsg::Credit { bytes: u64::MAX }, b"").await;
+    }
+    g.send(s, GuestMsg::Pong, b"").await;
+    ping.await.expect("join").expect("ping");
+    assert!(!c.is_closed());
+}
+
+#[tokio::test]
+async fn data_on_a_message_without_data_is_a_protocol_error() {
+    let (c, mut g) = connected().await;
+    let ping = tokio::spawn({
+        let c = c.clone();
+        async move { c.ping().await }
+    });
+    let (s, _, _) = g.next_request().await;
+    g.send(s, GuestMsg::Pong, b"smuggled").await;
+    assert!(matches!(ping.await.expect("join"), Err(ClientError::Protocol(_))));
+    assert!(c.is_closed());
+}
+
+#[tokio::test]
+async fn malformed_header_and_oversize_frames_close() {
+    for bad in [
+        br#"{"stream":1,"msg":{"type":"bogus"}}"#.to_vec(),
+        b"not json".to_vec(),
+        vec![],
+    ] {
+        let (c, mut g) = connected().await;
+        let mut f = MAGIC.to_vec();
+        f.extend_from_slice(&(bad.len() as u32).to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        f.extend_from_slice(&bad);
+        g.raw(&f).await;
+        wait_closed(&c).await;
+    }
+    let (c, mut g) = connected().await;
+    let mut f = MAGIC.to_vec();
+    f.extend_from_slice(&10u32.to_le_bytes());
+    f.extend_from_slice(&(1u32 << 30).to_le_bytes());
+    g.raw(&f).await;
+    wait_closed(&c).await;
+    assert!(c.close_reason().expect("reason").contains("256 KiB"));
+}
+
+#[tokio::test]
+async fn message_floods_are_bounded() {
+    let (c, mut g) = connected().await;
+    let exec = tokio::spawn({
+        let c = c.clone();
+        async move { c.exec(ExecRequest::shell("x")).await }
+    });
+    let (s, _, _) = g.next_request().await;
+    g.send(s, GuestMsg::Started { pid: 1 }, b"").await;
+    let _h = exec.await.expect("join").expect("exec");
+    // Empty data frames cost no credit, but the number of unconsumed messages is capped.
+    for _ in 0..5000 {
+        g.try_send(s, GuestMsg::Stderr, b"").await;
+    }
+    wait_closed(&c).await;
+    assert!(c.close_reason().expect("reason").contains("unconsumed"));
+}
+
+#[tokio::test]
+async fn file_reader_rejects_a_lying_size() {
+    let (c, mut g) = connected().await;
+    let read = tokio::spawn({
+        let c = c.clone();
+        async move {
+            use futures::StreamExt;
+            let (_, mut r) = c.read_file("/x").await?;
+            let mut n = 0;
+            while let Some(chunk) = r.next().await {
+                n += chunk?.len();
+            }
+            Ok::<usize, ClientError>(n)
+        }
+    });
+    let (s, HostMsg::ReadFile { path }, _) = g.next_request().await else {
+        panic!("expected read")
+    };
+    assert_eq!(path, "/x");
+    let info = hearth_proto::FileInfo {
+        name: "x".into(),
+        path: "/x".into(),
+        kind: hearth_proto::FileKind::File,
+        size: 3,
+        mode: 0o644,
+        mtime: 0,
+        link_target: None,
+    };
+    g.send(s, GuestMsg::ReadStart { info }, b"").await;
+    g.send(s, GuestMsg::FileData, b"abc").await;
+    g.send(s, GuestMsg::ReadDone { bytes: 1000 }, b"").await;
+    let err = read.await.expect("join").expect_err("lie detected");
+    assert!(matches!(err, ClientError::Protocol(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn abandoned_stream_frames_are_dropped_not_buffered() {
+    let (c, mut g) = connected().await;
+    let exec = tokio::spawn({
+        let c = c.clone();
+        async move { c.exec(ExecRequest::shell("yes")).await }
+    });
+    let (s, _, _) = g.next_request().await;
+    g.send(s, GuestMsg::Started { pid: 7 }, b"").await;
+    let h = exec.await.expect("join").expect("exec");
+    drop(h);
+    let (s2, msg, _) = g.next_request().await;
+    assert_eq!((s2, msg), (s, HostMsg::Abandon));
+    // A guest that ignores the Abandon and keeps sending far more than a window: dropped, no close.
+    let chunk = vec![0u8; 256 * 1024];
+    for _ in 0..16 {
+        g.send(s, GuestMsg::Stdout, &chunk).await;
+    }
+    let ping = tokio::spawn({
+        let c = c.clone();
+        async move { c.ping().await }
+    });
+    let (p, HostMsg::Ping, _) = g.next_request().await else {
+        panic!("expected ping")
+    };
+    g.send(p, GuestMsg::Pong, b"").await;
+    ping.await.expect("join").expect("ping");
+    assert!(!c.is_closed());
+}
+
+#[tokio::test]
+async fn guest_errors_are_typed() {
+    let (c, mut g) = connected().await;
+    let stat = tokio::spawn({
+        let c = c.clone();
+        async move { c.stat("relative").await }
+    });
+    let (s, _, _) = g.next_request().await;
+    g.send(
+        s,
+        GuestMsg::error(ErrorKind::InvalidPath, "path must be absolute"),
+        b"",
+    )
+    .await;
+    let err = stat.await.expect("join").expect_err("error");
+    assert_eq!(err.guest_kind(), Some(ErrorKind::InvalidPath));
+    assert!(!c.is_closed());
+}
