@@ -17,17 +17,15 @@ struct FakeGuest {
 
 impl FakeGuest {
     async fn next(&mut self) -> (u32, HostMsg, Bytes) {
-        loop {
-            let f = self
-                .rd
-                .next()
-                .await
-                .expect("io")
-                .expect("open")
-                .expect("valid frame");
-            let h = f.parse::<HostMsg>().expect("host header");
-            return (h.stream, h.msg, f.data);
-        }
+        let f = self
+            .rd
+            .next()
+            .await
+            .expect("io")
+            .expect("open")
+            .expect("valid frame");
+        let h = f.parse::<HostMsg>().expect("host header");
+        (h.stream, h.msg, f.data)
     }
 
     /// Next message that is not a credit grant.
