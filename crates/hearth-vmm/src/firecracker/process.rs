@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 /// A process identified by pid and start time, which together survive pid reuse.
@@ -87,11 +87,13 @@ pub fn spawn_detached(
     let pid = child.id().ok_or_else(|| ProcessError::ExitedEarly {
         log_tail: log_tail(log),
     })?;
-    // Dropping the handle neither kills nor waits: tokio keeps reaping it in the background.
-    drop(child);
+    // Read while the handle is held: until then nothing reaps the child, so even a process that already
+    // exited is still in /proc (as a zombie).
     let start_ticks = crate::process_start_ticks(pid).ok_or_else(|| ProcessError::ExitedEarly {
         log_tail: log_tail(log),
     })?;
+    // Dropping the handle neither kills nor waits: tokio keeps reaping it in the background.
+    drop(child);
     Ok(ProcessId { pid, start_ticks })
 }
 
@@ -162,22 +164,47 @@ pub async fn terminate(proc_id: ProcessId, grace: Duration) -> Result<(), Proces
     Err(ProcessError::Unkillable { pid: proc_id.pid })
 }
 
+/// Signals the process through a pidfd, checking its identity (start time) after the pidfd pins it: a pid
+/// recycled by another process in between is never hit.
 fn signal(proc_id: ProcessId, sig: Signal) -> Result<(), ProcessError> {
-    // Re-check right before signalling so a recycled pid is never hit.
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let err = |source| ProcessError::Signal {
+        pid: proc_id.pid,
+        source,
+    };
+    let pid = libc::pid_t::try_from(proc_id.pid).map_err(|_| err(nix::Error::EINVAL))?;
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new file descriptor or -1; no memory is
+    // passed.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        return match nix::Error::last() {
+            nix::Error::ESRCH => Ok(()),
+            e => Err(err(e)),
+        };
+    }
+    let raw = std::os::fd::RawFd::try_from(raw).map_err(|_| err(nix::Error::EBADF))?;
+    // SAFETY: `raw` was just returned by pidfd_open and nothing else owns it.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw) };
     if !is_running(proc_id) {
         return Ok(());
     }
-    let pid = i32::try_from(proc_id.pid).map_err(|_| ProcessError::Signal {
-        pid: proc_id.pid,
-        source: nix::Error::EINVAL,
-    })?;
-    match kill(Pid::from_raw(pid), sig) {
-        Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
-        Err(source) => Err(ProcessError::Signal {
-            pid: proc_id.pid,
-            source,
-        }),
+    // SAFETY: a valid pidfd, a signal number, a null siginfo (meaning: as kill(2) would send it), flags 0.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return match nix::Error::last() {
+            nix::Error::ESRCH => Ok(()),
+            e => Err(err(e)),
+        };
     }
+    Ok(())
 }
 
 /// Polls until the process is no longer running (a zombie counts as gone: it holds no resources and its
@@ -186,7 +213,7 @@ async fn wait_gone(proc_id: ProcessId, timeout: Duration) -> bool {
     let started = Instant::now();
     loop {
         if !is_running(proc_id) {
-            reap_if_child(proc_id.pid);
+            reap_if_child(proc_id);
             return true;
         }
         if started.elapsed() >= timeout {
@@ -196,13 +223,16 @@ async fn wait_gone(proc_id: ProcessId, timeout: Duration) -> bool {
     }
 }
 
-/// Reaps the process if it is a zombie child of ours (a no-op otherwise, e.g. after adoption).
-fn reap_if_child(pid: u32) {
+/// Reaps the process if it is a zombie child of ours (a no-op otherwise, e.g. after adoption). The start
+/// time is checked so that another child's exit status is never taken.
+fn reap_if_child(proc_id: ProcessId) {
     use nix::sys::wait::{WaitPidFlag, waitpid};
-    if process_state(pid) != Some('Z') {
+    if process_state(proc_id.pid) != Some('Z')
+        || crate::process_start_ticks(proc_id.pid) != Some(proc_id.start_ticks)
+    {
         return;
     }
-    if let Ok(raw) = i32::try_from(pid) {
+    if let Ok(raw) = i32::try_from(proc_id.pid) {
         // ECHILD when it is not our child or tokio reaped it first: both are fine.
         let _ = waitpid(Pid::from_raw(raw), Some(WaitPidFlag::WNOHANG));
     }
@@ -339,6 +369,25 @@ mod tests {
         assert!(text.contains("line 01999\nafter trim\n"), "{text}");
         assert!(!text.contains("line 00000"));
         assert!(!trim_log(&dir.path().join("absent"), 10).expect("absent log"));
+    }
+
+    #[tokio::test]
+    async fn a_stale_identity_is_never_signalled() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p =
+            spawn_detached(Path::new("/bin/sleep"), &["30".into()], &dir.path().join("log")).expect("spawn");
+        let stale = ProcessId {
+            start_ticks: p.start_ticks + 1,
+            ..p
+        };
+        terminate(stale, Duration::from_millis(100))
+            .await
+            .expect("stale terminate");
+        signal(stale, Signal::SIGKILL).expect("stale signal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(is_running(p), "a process with another start time was signalled");
+        terminate(p, Duration::from_secs(2)).await.expect("terminate");
+        assert!(!is_running(p));
     }
 
     #[test]
