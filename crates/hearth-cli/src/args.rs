@@ -52,7 +52,13 @@ pub enum Command {
     /// List the processes started in a sandbox.
     Ps { id: String },
     /// Wait for a background process and print its output tail; exits with its exit code.
-    Wait { id: String, pid: u32 },
+    Wait {
+        id: String,
+        pid: u32,
+        /// Give up after this many seconds (error `conflict` if it still runs).
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
     /// Send a signal to a process (default KILL).
     Kill {
         id: String,

@@ -100,7 +100,7 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Timeout { id, seconds } => cmd::sandbox::timeout(ctx, &id, seconds).await,
         Command::Exec(a) => cmd::exec::exec(ctx, a).await,
         Command::Ps { id } => cmd::exec::ps(ctx, &id).await,
-        Command::Wait { id, pid } => cmd::exec::wait(ctx, &id, pid).await,
+        Command::Wait { id, pid, timeout } => cmd::exec::wait(ctx, &id, pid, timeout).await,
         Command::Kill { id, pid, signal } => cmd::exec::kill(ctx, &id, pid, signal).await,
         Command::Cp { src, dst } => cmd::files::cp(ctx, &src, &dst).await,
         Command::Files(f) => cmd::files::files(ctx, f).await,

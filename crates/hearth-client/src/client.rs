@@ -144,8 +144,7 @@ impl Client {
         body: Option<&B>,
     ) -> Result<T, Error> {
         let resp = self.send(self.with_json(method, &url, body), &url).await?;
-        let bytes = read_limited(resp, MAX_JSON_BODY, &url).await?;
-        serde_json::from_slice(&bytes).map_err(|e| Error::Decode(format!("{}: {e}", url.path())))
+        decode_json(resp, &url).await
     }
 
     /// Like [`Client::call`] for routes whose answer body does not matter (204, or a body we ignore).
@@ -233,12 +232,19 @@ impl Client {
             .await
     }
 
-    /// `POST /v1/sandboxes/{id}/timeout`: the sandbox now ends `timeout_s` seconds from now.
-    pub async fn set_timeout(&self, id: &str, timeout_s: u64) -> Result<(), Error> {
+    /// `POST /v1/sandboxes/{id}/timeout`: the sandbox now ends `timeout_s` seconds from now. Returns the
+    /// sandbox with its new `end_at`.
+    pub async fn set_timeout(&self, id: &str, timeout_s: u64) -> Result<Sandbox, Error> {
         let url = self.url(&["v1", "sandboxes", id, "timeout"]);
-        self.call_no_content(Method::POST, url, Some(&SetTimeoutRequest { timeout_s }))
+        self.call(Method::POST, url, Some(&SetTimeoutRequest { timeout_s }))
             .await
     }
+}
+
+/// Reads a JSON answer (bounded) and decodes it.
+pub(crate) async fn decode_json<T: DeserializeOwned>(resp: Response, url: &Url) -> Result<T, Error> {
+    let bytes = read_limited(resp, MAX_JSON_BODY, url).await?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Decode(format!("{}: {e}", url.path())))
 }
 
 /// Reads at most `limit` bytes of a body; more is an error rather than unbounded memory.

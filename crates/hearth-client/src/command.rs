@@ -93,9 +93,18 @@ impl Client {
         self.call::<(), _>(Method::GET, url, None).await
     }
 
-    /// Waits for a process to exit and returns its status and output tail.
-    pub async fn wait_process(&self, id: &str, pid: u32) -> Result<CommandResult, Error> {
-        let url = self.process_url(id, pid, "wait");
+    /// Waits for a process to exit and returns its status and output tail. With `timeout_s`, gives up after
+    /// that many seconds with a `conflict` error if it still runs.
+    pub async fn wait_process(
+        &self,
+        id: &str,
+        pid: u32,
+        timeout_s: Option<u64>,
+    ) -> Result<CommandResult, Error> {
+        let mut url = self.process_url(id, pid, "wait");
+        if let Some(t) = timeout_s {
+            url.query_pairs_mut().append_pair("timeout_s", &t.to_string());
+        }
         self.call::<(), _>(Method::POST, url, None).await
     }
 

@@ -6,11 +6,13 @@ use reqwest::{Method, Url};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::io::ReaderStream;
 
+use crate::client::decode_json;
 use crate::{Client, Error};
 
 impl Client {
-    /// Uploads everything `reader` yields to `path` in the guest (created or replaced), streamed.
-    pub async fn upload<R>(&self, id: &str, path: &str, reader: R) -> Result<(), Error>
+    /// Uploads everything `reader` yields to `path` in the guest (created or replaced; the parent directory
+    /// must exist), streamed. Returns the written file's metadata.
+    pub async fn upload<R>(&self, id: &str, path: &str, reader: R) -> Result<FileInfo, Error>
     where
         R: AsyncRead + Send + 'static,
     {
@@ -18,7 +20,7 @@ impl Client {
     }
 
     /// Uploads a stream of chunks to `path` in the guest, streamed.
-    pub async fn upload_stream<S, E>(&self, id: &str, path: &str, chunks: S) -> Result<(), Error>
+    pub async fn upload_stream<S, E>(&self, id: &str, path: &str, chunks: S) -> Result<FileInfo, Error>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + 'static,
         E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
@@ -27,19 +29,18 @@ impl Client {
     }
 
     /// Writes `data` to `path` in the guest.
-    pub async fn write_file(&self, id: &str, path: &str, data: impl Into<Bytes>) -> Result<(), Error> {
+    pub async fn write_file(&self, id: &str, path: &str, data: impl Into<Bytes>) -> Result<FileInfo, Error> {
         self.put_file(id, path, reqwest::Body::from(data.into())).await
     }
 
-    async fn put_file(&self, id: &str, path: &str, body: reqwest::Body) -> Result<(), Error> {
+    async fn put_file(&self, id: &str, path: &str, body: reqwest::Body) -> Result<FileInfo, Error> {
         let url = self.file_url(id, &[], path);
         let builder = self
             .request(Method::PUT, &url)
             .header(CONTENT_TYPE, "application/octet-stream")
             .body(body);
         let resp = self.send(builder, &url).await?;
-        drop(resp);
-        Ok(())
+        decode_json(resp, &url).await
     }
 
     /// Opens `path` in the guest for reading. The daemon's answer (and so a `not_found`) arrives before this

@@ -138,8 +138,8 @@ pub async fn ps(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
 }
 
 /// Waits for a process, then prints its output tail as raw text and passes its status on.
-pub async fn wait(ctx: &Ctx, id: &str, pid: u32) -> anyhow::Result<u8> {
-    let result = ctx.client()?.wait_process(id, pid).await?;
+pub async fn wait(ctx: &Ctx, id: &str, pid: u32, timeout: Option<u64>) -> anyhow::Result<u8> {
+    let result = ctx.client()?.wait_process(id, pid, timeout).await?;
     if ctx.json {
         print!("{}", output::json(&result)?);
     } else {

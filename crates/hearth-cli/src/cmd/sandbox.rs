@@ -115,9 +115,7 @@ pub async fn remove(ctx: &Ctx, ids: &[String]) -> anyhow::Result<u8> {
 }
 
 pub async fn timeout(ctx: &Ctx, id: &str, seconds: u64) -> anyhow::Result<u8> {
-    let client = ctx.client()?;
-    client.set_timeout(id, seconds).await?;
-    let sandbox = client.get_sandbox(id).await?;
+    let sandbox = ctx.client()?.set_timeout(id, seconds).await?;
     ctx.emit(&sandbox, || {
         format!("{} ends at {}\n", sandbox.id, output::clean(&sandbox.end_at))
     })?;
