@@ -153,14 +153,16 @@ impl Proc {
         self.stdin.lock().await.take();
     }
 
-    /// Send `signal` to the process group (falling back to the process itself).
+    /// Send `signal` to the process group (falling back to the process itself). After the leader exited,
+    /// the rest of its group may live on, so the group is still signalled; a group that is gone is not an error.
     pub fn kill(&self, signal: i32) -> Result<(), AgentError> {
-        if self.exit_status().is_some() {
-            return Ok(());
-        }
         let pid = self.pid as libc::pid_t;
         // SAFETY: kill has no memory-safety preconditions.
-        if unsafe { libc::kill(-pid, signal) } == 0 || unsafe { libc::kill(pid, signal) } == 0 {
+        if unsafe { libc::kill(-pid, signal) } == 0 || self.exit_status().is_some() {
+            return Ok(());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::kill(pid, signal) } == 0 {
             return Ok(());
         }
         let err = std::io::Error::last_os_error();
@@ -423,7 +425,11 @@ async fn supervise(
             timed_out,
         },
     };
-    proc.close_stdin().await;
+    // Release the stdin pipe, unless a write is blocked on it (a descendant may still hold the read end):
+    // that write fails or finishes on its own, and waiting for it here would delay `Exited` forever.
+    if let Ok(mut stdin) = proc.stdin.try_lock() {
+        stdin.take();
+    }
     let sink = proc.state().sink.take();
     proc.exit.send_replace(Some(status));
     match sink {

@@ -215,3 +215,29 @@ async fn hello_again_on_the_same_channel_starts_a_new_session() {
         assert_eq!(got[1], (3, GuestMsg::Pong));
     }
 }
+
+#[tokio::test]
+async fn exit_is_reported_while_a_stdin_write_is_blocked() {
+    let (_a, c) = setup().await;
+    // The leader exits at once; a descendant keeps stdin (and stdout) open without reading.
+    let pid = c
+        .spawn_background(ExecRequest::shell("sleep 20 & exit 0").with_stdin())
+        .await
+        .expect("spawn");
+    let writer = tokio::spawn({
+        let c = c.clone();
+        async move { c.write_stdin(pid, Bytes::from(vec![b'x'; 2 << 20]), false).await }
+    });
+    let exit = tokio::time::timeout(Duration::from_secs(5), c.wait_process(pid))
+        .await
+        .expect("exit reported despite the blocked write")
+        .expect("wait");
+    assert_eq!(exit.code, Some(0));
+    // Killing the group reaches the leftover descendant, which unblocks (fails) the write.
+    c.kill_process(pid, 9).await.expect("kill group");
+    let res = tokio::time::timeout(T, writer)
+        .await
+        .expect("write ended")
+        .expect("join");
+    assert!(res.is_err(), "writing to a dead pipe must fail");
+}
