@@ -375,8 +375,10 @@ impl Vmm for QemuVmm {
         };
 
         let deadline = Instant::now() + START_TIMEOUT;
+        let mut exited = false;
         let ready = loop {
             if let Ok(status) = exit_rx.try_recv() {
+                exited = true;
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                 break Err(format!(
                     "qemu exited during startup ({status}): {}",
@@ -407,7 +409,7 @@ impl Vmm for QemuVmm {
             Ok(()) => Ok(handle),
             Err(detail) => {
                 // Nothing of the VM may be left running.
-                if start_ticks.is_some() {
+                if !exited && start_ticks.is_some() {
                     let _ = Self::signal(&handle, Signal::SIGKILL).await;
                     let _ = tokio::time::timeout(STOP_STEP, exit_rx).await;
                 }

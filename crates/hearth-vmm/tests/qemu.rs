@@ -1,0 +1,273 @@
+//! Real-VM tests of the QEMU driver under TCG: boots the guest images built by `images/build.sh`.
+//!
+//! Images come from `HEARTH_IMAGES` (default `/var/lib/hearth/images`); a missing image fails the test with
+//! the command that builds it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hearth_proto::ExecRequest;
+use hearth_proto::client::{AgentClient, ExecEvent};
+use hearth_vmm::qemu::QemuVmm;
+use hearth_vmm::{Accel, BootImages, VmHandle, VmSpec, Vmm, VmmError};
+
+/// Under TCG on a loaded 2-core machine a cold boot takes ~5-15 s; leave room.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn images_dir() -> PathBuf {
+    std::env::var_os("HEARTH_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/hearth/images"))
+}
+
+fn require(path: PathBuf) -> PathBuf {
+    assert!(
+        path.exists(),
+        "{} is missing: build the guest images first with `sudo images/build.sh` (HEARTH_IMAGES={})",
+        path.display(),
+        images_dir().display()
+    );
+    path
+}
+
+fn boot_images() -> BootImages {
+    let dir = images_dir();
+    BootImages {
+        vmlinuz: require(dir.join("vmlinuz")),
+        vmlinux: dir.join("vmlinux"),
+        initramfs: require(dir.join("initramfs.cpio.gz")),
+    }
+}
+
+/// The guest kernel release recorded by images/build.sh.
+fn guest_kernel_release() -> String {
+    let path = require(images_dir().join("manifest.json"));
+    let text = std::fs::read_to_string(&path).expect("read manifest");
+    let manifest: serde_json::Value = serde_json::from_str(&text).expect("manifest is json");
+    manifest["kernel_release"]
+        .as_str()
+        .expect("manifest has kernel_release")
+        .to_string()
+}
+
+fn spec(run: &Path, disk: PathBuf, hostname: &str) -> VmSpec {
+    VmSpec {
+        id: "sbx_00000000000000aa".to_string(),
+        vcpus: 1,
+        memory_mib: 256,
+        images: boot_images(),
+        disk,
+        run_dir: run.to_path_buf(),
+        hostname: hostname.to_string(),
+    }
+}
+
+/// Stops the VM even when an assertion fails half-way.
+struct Guard<'a> {
+    vmm: &'a QemuVmm,
+    vm: Option<VmHandle>,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if let Some(vm) = self.vm.take()
+            && let Ok(pid) = i32::try_from(vm.pid)
+            && self.vmm.is_alive(&vm)
+        {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// Connects and handshakes, retrying until the guest agent answers.
+async fn wait_for_agent(vmm: &QemuVmm, vm: &VmHandle) -> AgentClient {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        assert!(
+            vmm.is_alive(vm),
+            "qemu exited while waiting for the agent; console:\n{}",
+            console(vm)
+        );
+        match vmm.connect_agent(vm).await {
+            Ok(stream) => match AgentClient::connect(stream, Duration::from_secs(3)).await {
+                Ok(client) => return client,
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "agent not ready after {READY_TIMEOUT:?} (last error: {last}); console:\n{}",
+        console(vm)
+    );
+}
+
+fn console(vm: &VmHandle) -> String {
+    std::fs::read_to_string(vm.run_dir.join("console.log"))
+        .unwrap_or_else(|e| format!("(no console log: {e})"))
+}
+
+async fn run_in_guest(client: &AgentClient, argv: &[&str]) -> (Option<i32>, String) {
+    let mut exec = client
+        .exec(ExecRequest::argv(argv.iter().copied()))
+        .await
+        .expect("exec");
+    let mut out = Vec::new();
+    loop {
+        match exec.next_event().await.expect("event before the end") {
+            ExecEvent::Stdout(d) => out.extend_from_slice(&d),
+            ExecEvent::Stderr(_) => {}
+            ExecEvent::Exited { code, .. } => return (code, String::from_utf8_lossy(&out).into_owned()),
+            ExecEvent::Error(e) => panic!("exec {argv:?}: {e}"),
+        }
+    }
+}
+
+fn host_kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("host kernel release")
+        .trim()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boots_minimal_guest_runs_a_command_and_stops() {
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/minimal.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    assert_eq!(disk, run.path().join("disk.qcow2"));
+    // A second prepare must not clobber the first disk.
+    assert!(matches!(
+        vmm.prepare_disk(&base, run.path()).await,
+        Err(VmmError::Disk { .. })
+    ));
+
+    let t0 = Instant::now();
+    let vm = vmm
+        .start(&spec(run.path(), disk, "boot-test"))
+        .await
+        .expect("start");
+    let started = t0.elapsed();
+    let mut guard = Guard {
+        vmm: &vmm,
+        vm: Some(vm.clone()),
+    };
+    assert!(vmm.is_alive(&vm));
+    assert!(Path::new(&format!("/proc/{}", vm.pid)).exists());
+
+    let client = wait_for_agent(&vmm, &vm).await;
+    let ready = t0.elapsed();
+    eprintln!("qemu tcg: process up in {started:?}, agent ready (cold boot) in {ready:?}");
+
+    let log = console(&vm);
+    assert!(log.contains("hearth-init: started"), "console:\n{log}");
+    assert!(log.contains("hearth-init: starting the agent"), "console:\n{log}");
+
+    let (code, release) = run_in_guest(&client, &["uname", "-r"]).await;
+    assert_eq!(code, Some(0));
+    let release = release.trim();
+    assert_eq!(release, guest_kernel_release());
+    assert_ne!(
+        release,
+        host_kernel_release(),
+        "uname ran on the host, not in the guest"
+    );
+    let (_, host) = run_in_guest(&client, &["cat", "/proc/sys/kernel/hostname"]).await;
+    assert_eq!(host.trim(), "boot-test");
+    // The agent is PID 1 and logged that it serves the virtio-serial port.
+    let (_, dmesg) = run_in_guest(&client, &["dmesg"]).await;
+    assert!(
+        dmesg.contains("hearth-agent: serving hearth.agent"),
+        "guest dmesg:\n{dmesg}"
+    );
+
+    // A different start time is another process (pid reuse): never "alive".
+    let reused = VmHandle {
+        start_ticks: vm.start_ticks + 1,
+        ..vm.clone()
+    };
+    assert!(!vmm.is_alive(&reused));
+
+    drop(client);
+    vmm.stop(&vm).await.expect("stop");
+    assert!(!vmm.is_alive(&vm));
+    // The driver reaps its child: the pid is gone, not a zombie.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Path::new(&format!("/proc/{}", vm.pid)).exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !Path::new(&format!("/proc/{}", vm.pid)).exists(),
+        "pid {} still exists",
+        vm.pid
+    );
+    vmm.stop(&vm).await.expect("stop is idempotent");
+    guard.vm = None;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_init_failure_makes_qemu_exit() {
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let run = tempfile::tempdir().expect("tempdir");
+    // A disk that is not ext4: /init cannot mount it, says so and powers off.
+    let base = run.path().join("garbage.raw");
+    std::fs::write(&base, vec![0xA5u8; 4 << 20]).expect("write base");
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let vm = vmm
+        .start(&spec(run.path(), disk, "fail-test"))
+        .await
+        .expect("start");
+    let _guard = Guard {
+        vmm: &vmm,
+        vm: Some(vm.clone()),
+    };
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while vmm.is_alive(&vm) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = console(&vm);
+    assert!(!vmm.is_alive(&vm), "qemu still running; console:\n{log}");
+    assert!(
+        log.contains("hearth-init: FATAL: cannot mount /dev/vda"),
+        "console:\n{log}"
+    );
+    vmm.stop(&vm).await.expect("stop of an exited vm");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_failure_reports_qemu_stderr_and_leaves_nothing() {
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let run = tempfile::tempdir().expect("tempdir");
+    let mut s = spec(run.path(), run.path().join("no-such-disk.qcow2"), "x");
+    s.images.vmlinuz = run.path().join("no-such-kernel");
+    let err = vmm.start(&s).await.expect_err("start must fail");
+    let msg = err.to_string();
+    assert!(matches!(err, VmmError::StartFailed { .. }), "{msg}");
+    assert!(msg.contains("no-such"), "qemu's own message is reported: {msg}");
+    // No QEMU of this run directory is left.
+    let needle = run.path().to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc").expect("proc") {
+        let Ok(entry) = entry else { continue };
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd);
+            assert!(
+                !(cmd.contains("qemu-system") && cmd.contains(&needle)),
+                "leftover qemu {cmd}"
+            );
+        }
+    }
+    assert!(matches!(
+        vmm.connect_agent(&VmHandle {
+            kind: hearth_vmm::VmmKind::Qemu,
+            pid: 0,
+            start_ticks: 0,
+            run_dir: run.path().to_path_buf(),
+        })
+        .await,
+        Err(VmmError::AgentChannel { .. })
+    ));
+}
