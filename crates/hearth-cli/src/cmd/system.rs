@@ -10,8 +10,6 @@ use serde::Serialize;
 use crate::Ctx;
 use crate::output::{self, Style};
 
-/// Default images directory (`images/build.sh` writes there).
-const DEFAULT_IMAGES: &str = "/var/lib/hearth/images";
 /// How long `doctor` waits for a daemon to answer.
 const DAEMON_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -22,11 +20,19 @@ pub async fn system(ctx: &Ctx) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// The images directory as hearthd resolves it: `HEARTH_IMAGES`, else `$HEARTH_DATA_DIR/images`, else
+/// `/var/lib/hearth/images` (where `images/build.sh` writes by default).
 fn images_dir() -> PathBuf {
-    std::env::var_os("HEARTH_IMAGES")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_IMAGES))
+    let env_dir = |name: &str| {
+        std::env::var_os(name)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    };
+    env_dir("HEARTH_IMAGES").unwrap_or_else(|| {
+        env_dir("HEARTH_DATA_DIR")
+            .unwrap_or_else(|| PathBuf::from(hearth_client::DEFAULT_DATA_DIR))
+            .join("images")
+    })
 }
 
 fn check(name: &str, status: CheckStatus, detail: impl Into<String>) -> Check {
