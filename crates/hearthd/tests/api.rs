@@ -634,3 +634,86 @@ fn committed_openapi_document_is_current() {
     }
     assert!(doc["components"]["schemas"]["CreateSandboxRequest"].is_object());
 }
+
+#[tokio::test]
+async fn recovery_rolls_back_fails_the_dead_and_removes_orphans() {
+    let f = Fixture::new(StartBehaviour::Fail);
+    let handle = |id: &str| VmHandle {
+        kind: VmmKind::Qemu,
+        pid: u32::MAX - 7,
+        start_ticks: 1,
+        run_dir: f.paths().sandbox_dir(id),
+    };
+    // A create that was interrupted, a running sandbox whose VM is gone, a failed one.
+    f.insert_row("sbx_00000000000000d1", SandboxState::Creating, &[]);
+    f.insert_row("sbx_00000000000000d2", SandboxState::Running, &[]);
+    f.insert_row("sbx_00000000000000d3", SandboxState::Failed, &[]);
+    for id in [
+        "sbx_00000000000000d1",
+        "sbx_00000000000000d2",
+        "sbx_00000000000000d3",
+    ] {
+        std::fs::create_dir_all(f.paths().sandbox_dir(id)).expect("dir");
+        f.state
+            .sandboxes
+            .db()
+            .set_handle(id, &handle(id))
+            .expect("handle");
+    }
+    // A directory nobody owns, with a process running from it, and a stray file.
+    let orphan = f.paths().sandbox_dir("sbx_00000000deadbeef");
+    std::fs::create_dir_all(&orphan).expect("orphan dir");
+    let marker = orphan.join("console.log");
+    std::fs::write(&marker, b"").expect("marker");
+    let mut stray = std::process::Command::new("tail")
+        .arg("-f")
+        .arg(&marker)
+        .spawn()
+        .expect("spawn");
+    std::fs::write(orphan.join("qemu.pid"), format!("{}\n", stray.id())).expect("pid file");
+    std::fs::write(f.paths().sandboxes_dir().join("junk"), b"x").expect("junk");
+
+    hearthd::adopt::recover(&f.state.sandboxes)
+        .await
+        .expect("recover");
+
+    let db = f.state.sandboxes.db();
+    assert_eq!(
+        db.get("sbx_00000000000000d1").expect("get"),
+        None,
+        "interrupted create rolled back"
+    );
+    let dead = db.get("sbx_00000000000000d2").expect("get").expect("row kept");
+    assert_eq!(dead.state, SandboxState::Failed);
+    assert!(
+        dead.error.as_deref().is_some_and(|e| e.contains("gone")),
+        "{:?}",
+        dead.error
+    );
+    assert_eq!(
+        db.get("sbx_00000000000000d3").expect("get").map(|r| r.state),
+        Some(SandboxState::Failed)
+    );
+    let mut killed = false;
+    for _ in 0..100 {
+        if stray.try_wait().expect("wait").is_some() {
+            killed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !killed {
+        let _ = stray.kill();
+        let _ = stray.wait();
+    }
+    assert!(
+        killed,
+        "the process running from the orphan directory must be killed"
+    );
+    let left: Vec<_> = std::fs::read_dir(f.paths().sandboxes_dir())
+        .expect("dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

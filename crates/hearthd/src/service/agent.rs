@@ -12,9 +12,11 @@ use tokio::time::Instant;
 
 use super::{Sandboxes, ServiceError};
 
-/// How long one handshake attempt may take. A guest that is still booting does not answer at all, so attempts
+/// How long the first handshake attempt may take (later ones double up to [`HANDSHAKE_TRY`]).
+const FIRST_HANDSHAKE_TRY: Duration = Duration::from_millis(500);
+/// How long one handshake attempt may take at most. A guest that is still booting does not answer at all, so attempts
 /// must be short for readiness to be noticed quickly.
-const HANDSHAKE_TRY: Duration = Duration::from_secs(3);
+const HANDSHAKE_TRY: Duration = Duration::from_secs(2);
 /// Pause between connection attempts.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// How long a request waits for a dropped channel to come back before it fails.
@@ -67,17 +69,31 @@ impl Sandboxes {
         vm: &VmHandle,
         deadline: Instant,
     ) -> Result<AgentClient, String> {
-        loop {
+        let started = Instant::now();
+        let mut try_timeout = FIRST_HANDSHAKE_TRY;
+        for attempt in 1.. {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let last = match self.vmm.connect_agent(vm).await {
                 Ok(stream) => {
-                    match AgentClient::connect(stream, HANDSHAKE_TRY.min(remaining.max(RETRY_PAUSE))).await {
-                        Ok(client) => return Ok(client),
+                    match AgentClient::connect(stream, try_timeout.min(remaining.max(RETRY_PAUSE))).await {
+                        Ok(client) => {
+                            tracing::debug!(
+                                pid = vm.pid,
+                                attempt,
+                                ms = started.elapsed().as_millis() as u64,
+                                "agent handshake done"
+                            );
+                            return Ok(client);
+                        }
                         Err(e) => format!("handshake: {e}"),
                     }
                 }
                 Err(e) => e.to_string(),
             };
+            tracing::debug!(pid = vm.pid, attempt, error = %last, "agent not reachable yet");
+            // A guest still booting does not answer at all; one that is up answers in milliseconds, but a loaded
+            // host can be slow, so later attempts wait longer.
+            try_timeout = (try_timeout * 2).min(HANDSHAKE_TRY);
             if !self.vmm.is_alive(vm) {
                 return Err(format!("VM process exited ({last})"));
             }
@@ -86,6 +102,7 @@ impl Sandboxes {
             }
             tokio::time::sleep(RETRY_PAUSE).await;
         }
+        Err("no connection attempt".into())
     }
 
     /// The live record of a running sandbox (for its env and handle), without touching the agent.
