@@ -497,8 +497,12 @@ impl Vmm for FirecrackerVmm {
 
     async fn stop(&self, vm: &VmHandle) -> Result<(), VmmError> {
         let proc_id = Self::proc_id(vm);
-        // Only signal a process that is provably ours: same pid, start time and binary.
-        if self.is_alive(vm) {
+        // Only signal a process that is provably ours: same pid and start time, and our binary (unless the
+        // binary can no longer be read because the process is already exiting).
+        let ours = vm.kind == VmmKind::Firecracker
+            && process::is_running(proc_id)
+            && process::exe_of(vm.pid).is_none_or(|exe| self.is_our_exe(&exe, &vm.run_dir));
+        if ours {
             process::terminate(proc_id, self.timeouts.stop_grace)
                 .await
                 .map_err(|e| VmmError::Api {
@@ -507,12 +511,17 @@ impl Vmm for FirecrackerVmm {
                     detail: e.to_string(),
                 })?;
         }
+        // A stale handle (the VM was restarted in the same directory since) must not break the live VM.
+        if std::os::unix::net::UnixStream::connect(vm.run_dir.join(API_SOCKET)).is_ok() {
+            return Ok(());
+        }
         self.remove_cgroups(&vm.run_dir).await;
-        // Sockets of a dead process are useless; the log stays for post-mortems until the daemon removes
-        // the run directory.
+        // Sockets of a dead process are useless, and so is the jail (device nodes, links); the log stays
+        // for post-mortems until the daemon removes the run directory.
         for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE] {
             let _ = std::fs::remove_file(vm.run_dir.join(name));
         }
+        let _ = std::fs::remove_dir_all(vm.run_dir.join(JAIL_DIR));
         Ok(())
     }
 

@@ -254,6 +254,15 @@ async fn adoption_checks_guard_against_pid_reuse_and_dead_vms() {
     assert!(!vmm.is_alive(&stale));
     vmm.stop(&stale).await.expect("stop of a stale handle");
     assert!(vmm.is_alive(&vm), "stop of a stale handle killed the live VM");
+    let api = vmm.api(&vm.run_dir);
+    assert_eq!(
+        api.describe().await.expect("API still reachable").state,
+        "Running"
+    );
+    assert!(
+        sbx.dir.join(VSOCK_SOCKET).exists(),
+        "stop of a stale handle removed the live VM's socket"
+    );
     // A handle of the other kind is not ours either.
     let mut other = vm.clone();
     other.kind = VmmKind::Qemu;

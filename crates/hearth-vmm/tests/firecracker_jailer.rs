@@ -132,6 +132,11 @@ async fn jailed_vm_runs_confined_and_stops_cleanly() {
         !cgroup_file.parent().expect("cgroup dir").exists(),
         "cgroup left behind"
     );
+    // The jail (device nodes, links) goes with the process; the sandbox's disk and log stay.
+    assert_eq!(
+        sbx.entries(),
+        vec!["disk.ext4".to_string(), "firecracker.log".to_string()]
+    );
     vmm.stop(&vm).await.expect("second stop");
     drop(guard);
     eprintln!("jailed start (jail setup + jailer + configure + InstanceStart): {start_time:?}");

@@ -131,10 +131,24 @@ fn process_state(pid: u32) -> Option<char> {
     stat.get(stat.rfind(')')? + 2..)?.chars().next()
 }
 
-/// True while the process runs: same pid and start time, and not a zombie.
+/// True while the process runs: same pid and start time, and not a zombie. A thread-group leader that
+/// exited while other threads of the process still run (e.g. a vCPU thread leaving KVM) shows as a zombie
+/// too, but the process still holds its sockets and memory: it only counts as gone once it is the last
+/// thread.
 pub fn is_running(proc_id: ProcessId) -> bool {
-    crate::process_start_ticks(proc_id.pid) == Some(proc_id.start_ticks)
-        && !matches!(process_state(proc_id.pid), Some('Z' | 'X') | None)
+    if crate::process_start_ticks(proc_id.pid) != Some(proc_id.start_ticks) {
+        return false;
+    }
+    match process_state(proc_id.pid) {
+        None => false,
+        Some('Z' | 'X') => thread_count(proc_id.pid) > 1,
+        Some(_) => true,
+    }
+}
+
+/// Number of threads of a process still listed in `/proc/<pid>/task` (0 if it is gone).
+fn thread_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |dir| dir.filter_map(|e| e.ok()).count())
 }
 
 /// Target of `/proc/<pid>/exe`, without the " (deleted)" suffix of a replaced binary.
