@@ -255,7 +255,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// True if the process runs and is not a zombie.
+/// True if the process runs: not a zombie, or a zombie thread-group leader whose other threads still run.
 pub fn running(pid: u32, start_ticks: u64) -> bool {
     if hearth_vmm::process_start_ticks(pid) != Some(start_ticks) {
         return false;
@@ -265,7 +265,8 @@ pub fn running(pid: u32, start_ticks: u64) -> bool {
         .rfind(')')
         .and_then(|i| stat.get(i + 2..i + 3))
         .unwrap_or("Z");
-    state != "Z" && state != "X"
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    (state != "Z" && state != "X") || threads > 1
 }
 
 /// Live (non-zombie) processes whose command line or chroot mentions `needle`.
