@@ -717,3 +717,29 @@ async fn recovery_rolls_back_fails_the_dead_and_removes_orphans() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[tokio::test]
+async fn kill_body_is_optional_but_must_be_json_when_present() {
+    let f = Fixture::new(StartBehaviour::Fail);
+    f.insert_row("sbx_00000000000000e1", SandboxState::Running, &[]);
+    let uri = "/v1/sandboxes/sbx_00000000000000e1/processes/5/kill";
+    // Extraction passes (empty body = default signal); the request then fails for lack of an agent.
+    let req = f.req("POST", uri).body(Body::empty()).expect("request");
+    f.expect_error(f.send(req).await, 502, ErrorCode::AgentUnavailable)
+        .await;
+    f.expect_error(
+        f.json("POST", uri, r#"{"signal": "TERM"}"#).await,
+        400,
+        ErrorCode::InvalidJson,
+    )
+    .await;
+    f.expect_error(
+        f.json("POST", uri, r#"{"sig": 9}"#).await,
+        400,
+        ErrorCode::InvalidJson,
+    )
+    .await;
+    let bad_pid = "/v1/sandboxes/sbx_00000000000000e1/processes/-1/kill";
+    f.expect_error(f.json("POST", bad_pid, "{}").await, 404, ErrorCode::NotFound)
+        .await;
+}

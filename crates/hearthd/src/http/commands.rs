@@ -13,7 +13,7 @@ use hearth_api::{
 use serde::Deserialize;
 
 use super::AppState;
-use super::error::{ApiError, ApiJson, ApiQuery, ProcessPath, RawBody, SandboxId};
+use super::error::{ApiError, ApiJson, ApiQuery, OptionalJson, ProcessPath, RawBody, SandboxId};
 use super::sse;
 
 fn wants_event_stream(headers: &HeaderMap) -> bool {
@@ -102,7 +102,7 @@ pub async fn wait(
     Ok(Json(st.sandboxes.wait_process(&p.id, p.pid, timeout).await?))
 }
 
-/// Send a signal to a process (and its process group). Default SIGKILL.
+/// Send a signal to a process (and its process group). Default SIGKILL; the body may be omitted.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/kill", tag = "commands",
     request_body = KillProcessRequest,
     params(("id" = String, Path, description = "Sandbox id"), ("pid" = u32, Path, description = "Process id")),
@@ -111,7 +111,7 @@ pub async fn wait(
 pub async fn kill(
     State(st): State<AppState>,
     p: ProcessPath,
-    ApiJson(req): ApiJson<KillProcessRequest>,
+    OptionalJson(req): OptionalJson<KillProcessRequest>,
 ) -> Result<StatusCode, ApiError> {
     st.sandboxes.kill_process(&p.id, p.pid, req.signal).await?;
     Ok(StatusCode::NO_CONTENT)

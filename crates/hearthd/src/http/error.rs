@@ -100,6 +100,28 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// Like [`ApiJson`], but an empty body (with or without a content type) means `T::default()`.
+pub struct OptionalJson<T>(pub T);
+
+impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let empty = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() == b"0")
+            || (!req.headers().contains_key(axum::http::header::CONTENT_LENGTH)
+                && !req.headers().contains_key(axum::http::header::TRANSFER_ENCODING));
+        if empty {
+            return Ok(OptionalJson(T::default()));
+        }
+        ApiJson::<T>::from_request(req, state)
+            .await
+            .map(|ApiJson(v)| OptionalJson(v))
+    }
+}
+
 /// A raw body of at most the route's limit.
 pub struct RawBody(pub Bytes);
 
