@@ -361,8 +361,10 @@ step() {
 }
 
 main() {
-    [ "$(id -u)" -eq 0 ] || die "run as root (device nodes in the initramfs, mmdebstrap, file ownership)"
-    mkdir -p "$OUT/rootfs" "$STAMPS" "$WORK"
+    if [ "$MODE" = build ]; then
+        [ "$(id -u)" -eq 0 ] || die "run as root (device nodes in the initramfs, mmdebstrap, file ownership)"
+        mkdir -p "$OUT/rootfs" "$STAMPS" "$WORK"
+    fi
     local kpkg kver kkey vkey bkey abin akey ikey mkey dkey changed=0 t0
     t0=$(date +%s)
 

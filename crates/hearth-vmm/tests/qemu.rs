@@ -192,8 +192,12 @@ async fn boots_minimal_guest_runs_a_command_and_stops() {
     };
     assert!(!vmm.is_alive(&reused));
 
+    // A fresh driver (as after a daemon restart) recognises the VM and can stop it.
+    let adopter = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    assert!(adopter.is_alive(&vm));
+
     drop(client);
-    vmm.stop(&vm).await.expect("stop");
+    adopter.stop(&vm).await.expect("stop");
     assert!(!vmm.is_alive(&vm));
     // The driver reaps its child: the pid is gone, not a zombie.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -270,4 +274,52 @@ async fn start_failure_reports_qemu_stderr_and_leaves_nothing() {
         .await,
         Err(VmmError::AgentChannel { .. })
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debian_template_has_python_bash_procps_and_free_space() {
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/debian.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let mut s = spec(run.path(), disk, "debian-test");
+    s.memory_mib = 512;
+    let vm = vmm.start(&s).await.expect("start");
+    let _guard = Guard {
+        vmm: &vmm,
+        vm: Some(vm.clone()),
+    };
+    let client = wait_for_agent(&vmm, &vm).await;
+
+    let (code, out) = run_in_guest(
+        &client,
+        &["python3", "-c", "import sys; print(sys.version_info[:2])"],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (Some(0), "(3, 13)"), "python3 from trixie");
+    let (code, out) = run_in_guest(&client, &["bash", "-c", "echo $BASH_VERSION; ps -o pid= -p 1"]).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out.lines().nth(1).map(str::trim), Some("1"), "{out}");
+    let (code, out) = run_in_guest(
+        &client,
+        &["sh", "-c", "grep -c PRETTY_NAME=.*trixie /etc/os-release"],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (Some(0), "1"));
+    // Generous free space on the root disk (2 GiB image).
+    let (_, out) = run_in_guest(&client, &["df", "-Pm", "/"]).await;
+    let avail: u64 = out
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("df output: {out}"));
+    assert!(avail > 1200, "only {avail} MiB free on /");
+    for dir in ["/run", "/tmp", "/root", "/proc", "/sys", "/dev"] {
+        let (code, _) = run_in_guest(&client, &["test", "-d", dir]).await;
+        assert_eq!(code, Some(0), "{dir} missing");
+    }
+    drop(client);
+    vmm.stop(&vm).await.expect("stop");
+    assert!(!vmm.is_alive(&vm));
 }
