@@ -112,7 +112,10 @@ pub async fn exec(ctx: &Ctx, a: ExecArgs) -> anyhow::Result<u8> {
 }
 
 fn after(timeout: Option<u64>) -> String {
-    timeout.map(|t| format!(" after {t} s")).unwrap_or_default()
+    match timeout {
+        Some(t) => format!(" after {t} s"),
+        None => " (the daemon's default limit for commands; pass --timeout SECONDS for more)".to_owned(),
+    }
 }
 
 async fn write_chunk(out: &mut (impl AsyncWrite + Unpin), data_b64: &str) -> anyhow::Result<()> {
