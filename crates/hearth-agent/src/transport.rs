@@ -4,6 +4,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -17,16 +18,20 @@ pub const PORT_NAME: &str = "hearth.agent";
 /// Default vsock port.
 pub const DEFAULT_VSOCK_PORT: u32 = 1024;
 
-/// A non-blocking file descriptor (character device or socket) as a tokio byte stream.
+/// A non-blocking file descriptor (character device or socket) as a tokio byte stream. Clones share the
+/// descriptor, which is closed when the last clone is dropped.
+#[derive(Clone)]
 pub struct FdStream {
-    fd: AsyncFd<OwnedFd>,
+    fd: Arc<AsyncFd<OwnedFd>>,
 }
 
 impl FdStream {
     /// Wrap `fd`, switching it to non-blocking mode.
     pub fn new(fd: OwnedFd) -> io::Result<Self> {
         set_nonblocking(&fd)?;
-        Ok(FdStream { fd: register(fd)? })
+        Ok(FdStream {
+            fd: Arc::new(register(fd)?),
+        })
     }
 }
 
@@ -129,28 +134,35 @@ fn open_rdwr(path: &Path) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(f))
 }
 
-/// Serve the serial port forever: one session per host connection. While no host is connected the port
-/// reads as end-of-file, so the loop polls every 100 ms; processes survive between sessions.
+/// Serve the serial port forever: one session per host connection; processes survive between sessions.
+///
+/// The port stays open across sessions: closing a virtio port discards the data it has buffered, which
+/// could be the next host's `Hello`. While no host is connected the port reads as end-of-file, so the loop
+/// polls every 100 ms.
 pub async fn serve_serial(agent: &Agent, path: &Path) -> ! {
     let mut last_error = String::new();
+    let mut note = |msg: String| {
+        if msg != last_error {
+            log(&msg);
+            last_error = msg;
+        }
+    };
     loop {
-        match open_rdwr(path).and_then(FdStream::new) {
-            Ok(stream) => {
-                if let Err(e) = agent.serve(stream).await {
-                    let msg = format!("serial session on {}: {e}", path.display());
-                    if msg != last_error {
-                        log(&msg);
-                        last_error = msg;
-                    }
-                }
-            }
+        let port = match open_rdwr(path).and_then(FdStream::new) {
+            Ok(p) => p,
             Err(e) => {
-                let msg = format!("opening {}: {e}", path.display());
-                if msg != last_error {
-                    log(&msg);
-                    last_error = msg;
-                }
+                note(format!("opening {}: {e}", path.display()));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
             }
+        };
+        loop {
+            if let Err(e) = agent.serve(port.clone()).await {
+                note(format!("serial session on {}: {e}", path.display()));
+                // An I/O error (unlike end-of-file) may mean the descriptor is broken: reopen it.
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -28,11 +28,11 @@ impl FakeGuest {
         (h.stream, h.msg, f.data)
     }
 
-    /// Next message that is not a credit grant.
+    /// Next message that is not a credit grant or a repeated Hello.
     async fn next_request(&mut self) -> (u32, HostMsg, Bytes) {
         loop {
             let m = self.next().await;
-            if !matches!(m.1, HostMsg::Credit { .. }) {
+            if !matches!(m.1, HostMsg::Credit { .. } | HostMsg::Hello { .. }) {
                 return m;
             }
         }
@@ -134,6 +134,32 @@ async fn handshake_skips_stale_frames_and_garbage() {
     .await;
     let c = connect.await.expect("join").expect("connect");
     assert_eq!(c.agent_version(), "new");
+}
+
+#[tokio::test]
+async fn hello_is_repeated_until_answered() {
+    let (host, mut g) = pair();
+    let connect = tokio::spawn(AgentClient::connect(host, Duration::from_secs(5)));
+    // The first Hello is "lost" (the guest was not listening yet); the repeat gets through.
+    let (_, HostMsg::Hello { nonce: n1, .. }, _) = g.next().await else {
+        panic!("no hello")
+    };
+    let (_, HostMsg::Hello { nonce: n2, .. }, _) = g.next().await else {
+        panic!("no repeated hello")
+    };
+    assert_eq!(n1, n2, "a repeat carries the same nonce");
+    g.send(
+        0,
+        GuestMsg::HelloOk {
+            version: PROTOCOL_VERSION,
+            agent_version: "late".into(),
+            nonce: n2,
+        },
+        b"",
+    )
+    .await;
+    let c = connect.await.expect("join").expect("connect");
+    assert_eq!(c.agent_version(), "late");
 }
 
 #[tokio::test]

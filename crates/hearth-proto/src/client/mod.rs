@@ -39,6 +39,9 @@ use crate::io::{CreditWindow, FrameReader, Outbox, RecvWindow, write_loop};
 use crate::msg::{ErrorKind, FileInfo, GuestMsg, Header, HostMsg};
 use crate::{CONTROL_STREAM, PROTOCOL_VERSION};
 
+/// How often `connect` repeats its `Hello` until answered.
+const HELLO_RESEND: Duration = Duration::from_millis(500);
+
 /// Most messages queued on one stream that its consumer has not taken yet.
 const MAX_PENDING_MSGS: usize = 4096;
 
@@ -196,11 +199,24 @@ impl AgentClient {
                 version: PROTOCOL_VERSION,
                 nonce,
             };
-            let frame = encode(CONTROL_STREAM, &hello, Bytes::new())
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            wr.write_all(&frame.to_vec()).await?;
-            wr.flush().await?;
-            handshake_reply(&mut reader, nonce).await
+            let hello = encode(CONTROL_STREAM, &hello, Bytes::new())
+                .map_err(|e| ClientError::Protocol(e.to_string()))?
+                .to_vec();
+            // Say Hello again now and then: a guest that opens its end of the channel late may have missed
+            // it (a virtio port drops what arrives before the agent opens it). The agent answers every Hello
+            // before any request sent after it, so repeats are harmless.
+            let mut resend = tokio::time::interval(HELLO_RESEND);
+            let reply = handshake_reply(&mut reader, nonce);
+            tokio::pin!(reply);
+            loop {
+                tokio::select! {
+                    r = &mut reply => return r,
+                    _ = resend.tick() => {
+                        wr.write_all(&hello).await?;
+                        wr.flush().await?;
+                    }
+                }
+            }
         })
         .await
         .map_err(|_| ClientError::Timeout)??;
