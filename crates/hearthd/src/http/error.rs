@@ -107,13 +107,8 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for OptionalJ
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let empty = req
-            .headers()
-            .get(axum::http::header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() == b"0")
-            || (!req.headers().contains_key(axum::http::header::CONTENT_LENGTH)
-                && !req.headers().contains_key(axum::http::header::TRANSFER_ENCODING));
-        if empty {
+        // Exact only when the length is known (Content-Length, or a body built in memory).
+        if axum::body::HttpBody::size_hint(req.body()).exact() == Some(0) {
             return Ok(OptionalJson(T::default()));
         }
         ApiJson::<T>::from_request(req, state)
