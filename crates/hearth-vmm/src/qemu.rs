@@ -5,7 +5,8 @@
 //! ```text
 //! <run>/agent.sock    virtio-serial port `hearth.agent` (QEMU is the server; one client at a time)
 //! <run>/qmp.sock      QMP control socket (see [`qmp`])
-//! <run>/console.log   the guest's serial console
+//! <run>/console.sock  the guest's serial console (QEMU is the server)
+//! <run>/console.log   the console's last MiB, copied from console.sock by [`console`]
 //! <run>/qemu.log      QEMU's own stdout/stderr (start failures, "terminating on signal")
 //! <run>/qemu.pid      written by QEMU
 //! ```
@@ -14,21 +15,24 @@
 //! (`-sandbox on,...,spawn=deny,elevateprivileges=deny`) forbids, and QEMU then exits with status 1 and no
 //! message. Least privilege wins: we start QEMU without `-daemonize`, in a new session (so a daemon restart or
 //! `kill -9` leaves it running), with stdio in `qemu.log`, and a thread reaps it if it exits while the daemon
-//! still lives. `start` returns once QMP answers `query-status` (the machine is built), or reports QEMU's
-//! stderr if it exits first.
+//! still lives. QEMU starts paused (`-S`): `start` waits for QMP to answer (the machine is built; if QEMU
+//! exits first its stderr is the error), attaches the console reader, then sends `cont`, so no console output
+//! is lost.
 //!
 //! Pause/resume later: guest RAM moves to a `memory-backend-file` in [`QemuVmm::command_line`], and the
 //! snapshot itself is QMP `stop` + `migrate` to a file through [`qmp::Qmp::execute`].
 
+pub mod console;
 pub mod qmp;
 
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -52,6 +56,7 @@ const MAX_SOCKET_PATH: usize = 107;
 pub struct RunFiles {
     pub agent_sock: PathBuf,
     pub qmp_sock: PathBuf,
+    pub console_sock: PathBuf,
     pub console_log: PathBuf,
     pub qemu_log: PathBuf,
     pub pid_file: PathBuf,
@@ -62,6 +67,7 @@ impl RunFiles {
         RunFiles {
             agent_sock: run_dir.join("agent.sock"),
             qmp_sock: run_dir.join("qmp.sock"),
+            console_sock: run_dir.join("console.sock"),
             console_log: run_dir.join("console.log"),
             qemu_log: run_dir.join("qemu.log"),
             pid_file: run_dir.join("qemu.pid"),
@@ -75,6 +81,8 @@ pub struct QemuVmm {
     accel: Accel,
     binary: PathBuf,
     version: String,
+    /// Run directories whose console is being copied by a pump thread.
+    consoles: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 impl QemuVmm {
@@ -86,6 +94,7 @@ impl QemuVmm {
             accel,
             binary,
             version,
+            consoles: Arc::default(),
         }
     }
 
@@ -117,7 +126,7 @@ impl QemuVmm {
             return Err(bad("vcpus and memory must be positive".to_string()));
         }
         let files = RunFiles::new(&spec.run_dir);
-        for sock in [&files.agent_sock, &files.qmp_sock] {
+        for sock in [&files.agent_sock, &files.qmp_sock, &files.console_sock] {
             if sock.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(bad(format!(
                     "socket path {} is longer than {MAX_SOCKET_PATH} bytes",
@@ -150,6 +159,8 @@ impl QemuVmm {
             "-no-user-config".into(),
             "-nographic".into(),
             "-no-reboot".into(),
+            // Paused until the console reader is attached (see `start`).
+            "-S".into(),
             "-accel".into(),
             accel.into(),
             "-cpu".into(),
@@ -190,7 +201,10 @@ impl QemuVmm {
             "-mon".into(),
             "chardev=qmp,mode=control".into(),
             "-chardev".into(),
-            format!("file,id=console,path={}", opt(&files.console_log)?),
+            format!(
+                "socket,id=console,path={},server=on,wait=off",
+                opt(&files.console_sock)?
+            ),
             "-serial".into(),
             "chardev:console".into(),
             "-pidfile".into(),
@@ -210,6 +224,27 @@ impl QemuVmm {
             Ok(Err(e)) => Err(api_err(vm, "connect", e.to_string())),
             Err(_) => Err(api_err(vm, "connect", "timed out".to_string())),
         }
+    }
+
+    /// Starts copying `vm`'s console into `console.log` unless that already happens (after a daemon restart
+    /// nobody does until this is called; `connect_agent` calls it).
+    pub fn attach_console(&self, vm: &VmHandle) -> Result<(), VmmError> {
+        let files = RunFiles::new(&vm.run_dir);
+        let mut attached = self.consoles.lock().unwrap_or_else(|p| p.into_inner());
+        if attached.contains(&vm.run_dir) {
+            return Ok(());
+        }
+        let consoles = self.consoles.clone();
+        let key = vm.run_dir.clone();
+        console::spawn_pump(&files.console_sock, files.console_log.clone(), move || {
+            consoles.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        })
+        .map_err(|e| VmmError::Io {
+            path: files.console_sock.clone(),
+            source: e,
+        })?;
+        attached.insert(vm.run_dir.clone());
+        Ok(())
     }
 
     /// True while `vm`'s process exists (not a zombie) with the recorded start time.
@@ -238,6 +273,18 @@ impl QemuVmm {
         match kill(Pid::from_raw(pid), sig) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
             Err(e) => Err(api_err(vm, "signal", format!("{sig}: {e}"))),
+        }
+    }
+}
+
+impl QemuVmm {
+    /// Attaches the console reader to a VM started with `-S`, then lets its CPUs run.
+    async fn resume_with_console(&self, vm: &VmHandle, mut q: Qmp) -> Result<(), String> {
+        self.attach_console(vm).map_err(|e| format!("console: {e}"))?;
+        match tokio::time::timeout(QMP_TIMEOUT, q.execute("cont", None)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("qmp cont timed out".to_string()),
         }
     }
 }
@@ -321,7 +368,13 @@ impl Vmm for QemuVmm {
         }
         let args = self.command_line(spec)?;
         // Leftovers of an earlier run would make readiness checks lie.
-        for stale in [&files.agent_sock, &files.qmp_sock, &files.pid_file] {
+        for stale in [
+            &files.agent_sock,
+            &files.qmp_sock,
+            &files.console_sock,
+            &files.console_log,
+            &files.pid_file,
+        ] {
             match std::fs::remove_file(stale) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -391,10 +444,10 @@ impl Vmm for QemuVmm {
             if files.qmp_sock.exists() {
                 let probe = async {
                     let mut q = Qmp::connect(&files.qmp_sock).await?;
-                    q.query_status().await
+                    q.query_status().await.map(|_| q)
                 };
-                if let Ok(Ok(_status)) = tokio::time::timeout(QMP_TIMEOUT, probe).await {
-                    break Ok(());
+                if let Ok(Ok(q)) = tokio::time::timeout(QMP_TIMEOUT, probe).await {
+                    break self.resume_with_console(&handle, q).await;
                 }
             }
             if Instant::now() > deadline {
@@ -419,6 +472,10 @@ impl Vmm for QemuVmm {
     }
 
     async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {
+        // Adopted VMs get their console reader back here; a failure only loses console output.
+        if let Err(e) = self.attach_console(vm) {
+            tracing::debug!(run_dir = %vm.run_dir.display(), "console not attached: {e}");
+        }
         let path = RunFiles::new(&vm.run_dir).agent_sock;
         let err = |detail: String| VmmError::AgentChannel {
             id: vm.run_dir.display().to_string(),

@@ -185,6 +185,31 @@ async fn boots_minimal_guest_runs_a_command_and_stops() {
         "guest dmesg:\n{dmesg}"
     );
 
+    // A console flood from the guest stays bounded on the host.
+    let t = Instant::now();
+    let (code, _) = run_in_guest(
+        &client,
+        &[
+            "sh",
+            "-c",
+            "head -c 1200000 /dev/zero | tr '\\0' x > /dev/ttyS0; echo flood-end > /dev/ttyS0",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0));
+    let log_path = vm.run_dir.join("console.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !console(&vm).contains("flood-end") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("1.2 MB console flood took {:?}", t.elapsed());
+    let len = std::fs::metadata(&log_path).expect("console.log").len();
+    assert!(
+        len <= hearth_vmm::qemu::console::CONSOLE_MAX,
+        "console.log is {len} bytes"
+    );
+    assert!(console(&vm).contains("flood-end"), "the newest output is kept");
+
     // A different start time is another process (pid reuse): never "alive".
     let reused = VmHandle {
         start_ticks: vm.start_ticks + 1,
