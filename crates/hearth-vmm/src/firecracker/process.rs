@@ -277,14 +277,33 @@ pub fn trim_log(log: &Path, max: u64) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// The last ~2 KiB of the log, for error messages.
+/// The last ~2 KiB of the log, for error messages. Only the tail is read (the log may be huge), and
+/// control characters (the guest's serial output is in there) are replaced.
 pub fn log_tail(log: &Path) -> String {
-    const TAIL: usize = 2048;
-    let Ok(bytes) = std::fs::read(log) else {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 2048;
+    let read_tail = || -> std::io::Result<Vec<u8>> {
+        let mut file = File::open(log)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(TAIL)))?;
+        let mut bytes = Vec::with_capacity(TAIL as usize);
+        file.take(TAIL).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    };
+    let Ok(bytes) = read_tail() else {
         return "(no log)".into();
     };
-    let start = bytes.len().saturating_sub(TAIL);
-    let text = String::from_utf8_lossy(&bytes[start..]);
+    let text: String = String::from_utf8_lossy(&bytes)
+        .chars()
+        .filter(|c| *c != '\r')
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                '?'
+            } else {
+                c
+            }
+        })
+        .collect();
     let text = text.trim();
     if text.is_empty() {
         "(empty log)".into()
@@ -402,6 +421,19 @@ mod tests {
         assert!(is_running(p), "a process with another start time was signalled");
         terminate(p, Duration::from_secs(2)).await.expect("terminate");
         assert!(!is_running(p));
+    }
+
+    #[test]
+    fn log_tail_is_bounded_and_printable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("log");
+        let mut content = vec![b'x'; 100_000];
+        content.extend_from_slice(b"\x1b[2Jlast line\r\n");
+        std::fs::write(&log, &content).expect("write");
+        let tail = log_tail(&log);
+        assert!(tail.len() <= 2048);
+        assert!(tail.ends_with("?[2Jlast line"), "{tail:?}");
+        assert_eq!(log_tail(&dir.path().join("absent")), "(no log)");
     }
 
     #[test]
