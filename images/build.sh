@@ -338,6 +338,11 @@ record_sha() { file_sha "$OUT/$1" >"$STAMPS/$(echo "$1" | tr / _).sha256"; }
 
 fn_key() { declare -f "$@" | sha; }
 
+# Scratch directories are "$WORK/<what>.XXXXXX". --one-file-system: never descend into a mount left behind.
+remove_scratch() {
+    find "$WORK" -mindepth 1 -maxdepth 1 -type d -name '*.??????' -exec rm -rf --one-file-system {} + 2>/dev/null || true
+}
+
 STALE=()
 # needs NAME KEY FILE...: true when NAME must be (re)built.
 needs() {
@@ -364,6 +369,15 @@ main() {
     if [ "$MODE" = build ]; then
         [ "$(id -u)" -eq 0 ] || die "run as root (device nodes in the initramfs, mmdebstrap, file ownership)"
         mkdir -p "$OUT/rootfs" "$STAMPS" "$WORK"
+        # One build at a time; a concurrent run waits.
+        exec 9>"$OUT/.lock"
+        if ! flock -n 9; then
+            log "another images/build.sh is running; waiting for it"
+            flock 9
+        fi
+        # Scratch directories of this run (and of an interrupted earlier one) go away.
+        remove_scratch
+        trap remove_scratch EXIT
     fi
     local kpkg kver kkey vkey bkey abin akey ikey mkey dkey changed=0 t0
     t0=$(date +%s)
