@@ -98,18 +98,17 @@ impl Ctx {
     pub async fn send_data(&self, msg: &GuestMsg, mut data: Bytes) -> Result<(), WindowClosed> {
         while !data.is_empty() {
             let chunk = data.split_to(data.len().min(DATA_CHUNK));
-            self.window.acquire(chunk.len() as u64).await?;
+            self.window.acquire(hearth_proto::data_cost(chunk.len())).await?;
             self.out.send(self.stream, msg, chunk).map_err(|_| WindowClosed)?;
         }
         Ok(())
     }
 
-    /// `n` bytes the host sent were consumed: return the credit.
-    pub fn credit(&self, n: usize) {
-        if n > 0 {
-            self.recv.on_consume(n as u64);
-            self.reply(GuestMsg::Credit { bytes: n as u64 });
-        }
+    /// A data frame of `len` bytes from the host was consumed: return its credit.
+    pub fn credit(&self, len: usize) {
+        let cost = hearth_proto::data_cost(len);
+        self.recv.on_consume(cost);
+        self.reply(GuestMsg::Credit { bytes: cost });
     }
 
     /// Send `items` in batches whose JSON stays under [`BATCH_BYTES`], then `Ok`.
@@ -216,7 +215,7 @@ fn route(
             let Some(e) = map.get(&stream) else { return Ok(()) };
             let item = if msg.carries_data() {
                 e.recv
-                    .on_receive(data.len() as u64)
+                    .on_receive(hearth_proto::data_cost(data.len()))
                     .map_err(|err| format!("stream {stream}: {err}"))?;
                 Inbound::Data(data)
             } else {

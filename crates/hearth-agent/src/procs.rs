@@ -376,7 +376,8 @@ async fn pump(proc: Arc<Proc>, mut rx: pipe::Receiver, msg: GuestMsg, mut exited
             st.sink.clone()
         };
         if let Some(s) = sink {
-            let sent = s.window.acquire(n as u64).await.is_ok() && s.out.send(s.stream, &msg, chunk).is_ok();
+            let sent = s.window.acquire(hearth_proto::data_cost(n)).await.is_ok()
+                && s.out.send(s.stream, &msg, chunk).is_ok();
             if !sent {
                 proc.detach(s.stream);
             }

@@ -234,3 +234,32 @@ async fn many_concurrent_execs() {
         assert_eq!(o.code, Some(i % 5));
     }
 }
+
+#[tokio::test]
+async fn many_tiny_writes_to_a_slow_reader_are_not_a_protocol_error() {
+    let (_a, c) = setup().await;
+    // Thousands of separate small writes while the host does not read: many small frames, bounded by the
+    // per-frame minimum credit cost, never more than the host accepts.
+    let mut h = c
+        .exec(ExecRequest::shell(
+            "i=0; while [ $i -lt 20000 ]; do echo $i; i=$((i+1)); done",
+        ))
+        .await
+        .expect("exec");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut out = Vec::new();
+    loop {
+        match h.next_event().await.expect("event") {
+            ExecEvent::Stdout(d) => out.extend_from_slice(&d),
+            ExecEvent::Exited { code, .. } => {
+                assert_eq!(code, Some(0));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let text = String::from_utf8(out).expect("utf-8");
+    let expected: String = (0..20000).map(|i| format!("{i}\n")).collect();
+    assert!(text == expected, "output differs");
+    assert!(!c.is_closed(), "{:?}", c.close_reason());
+}

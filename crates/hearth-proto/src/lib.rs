@@ -18,7 +18,8 @@
 //! - Data (stdout, stderr, stdin, file content) travels in the frames' data sections. Each direction of a
 //!   stream may have at most [`WINDOW`] (1 MiB) unacknowledged data bytes in flight; the receiver returns
 //!   `Credit{bytes}` as it consumes. A guest that sends more than its credit is a protocol error that closes
-//!   the connection.
+//!   the connection. Each data frame costs `max(len, 256)` credit bytes ([`data_cost`]), so at most 4096
+//!   data frames are in flight per stream however small they are.
 //! - Limits: header <= 64 KiB (so large lists come in batches), data <= 256 KiB per frame.
 
 pub mod frame;
@@ -43,5 +44,13 @@ pub const CONTROL_STREAM: u32 = 0;
 pub const WINDOW: u64 = 1024 * 1024;
 /// Size of the output tails the agent keeps for each process (stdout and stderr each).
 pub const TAIL_MAX: usize = 1024 * 1024;
+/// Least credit a data frame costs, whatever its length.
+pub const MIN_DATA_COST: u64 = 256;
+
+/// Credit consumed by a data frame of `len` bytes (both ends must agree on this).
+pub fn data_cost(len: usize) -> u64 {
+    (len as u64).max(MIN_DATA_COST)
+}
+
 /// Data chunk size senders use (below [`frame::MAX_DATA_LEN`], so a window holds several chunks).
 pub const DATA_CHUNK: usize = 128 * 1024;

@@ -312,12 +312,40 @@ async fn message_floods_are_bounded() {
     let (s, _, _) = g.next_request().await;
     g.send(s, GuestMsg::Started { pid: 1 }, b"").await;
     let _h = exec.await.expect("join").expect("exec");
-    // Empty data frames cost no credit, but the number of unconsumed messages is capped.
-    for _ in 0..5000 {
-        g.try_send(s, GuestMsg::Stderr, b"").await;
+    // Replies that carry no data are not flow-controlled, but the number of unconsumed messages is capped.
+    for _ in 0..9000 {
+        g.try_send(s, GuestMsg::Procs { procs: vec![] }, b"").await;
     }
     wait_closed(&c).await;
-    assert!(c.close_reason().expect("reason").contains("unconsumed"));
+    assert!(
+        c.close_reason().expect("reason").contains("unconsumed"),
+        "{:?}",
+        c.close_reason()
+    );
+}
+
+#[tokio::test]
+async fn tiny_data_frames_still_cost_credit() {
+    let (c, mut g) = connected().await;
+    let exec = tokio::spawn({
+        let c = c.clone();
+        async move { c.exec(ExecRequest::shell("x")).await }
+    });
+    let (s, _, _) = g.next_request().await;
+    g.send(s, GuestMsg::Started { pid: 1 }, b"").await;
+    let _h = exec.await.expect("join").expect("exec");
+    // Each frame costs at least MIN_DATA_COST, so empty or 1-byte frames exhaust the window too.
+    let frames = WINDOW / hearth_proto::MIN_DATA_COST;
+    for i in 0..=frames {
+        g.try_send(s, GuestMsg::Stdout, if i % 2 == 0 { b"" } else { b"y" })
+            .await;
+    }
+    wait_closed(&c).await;
+    assert!(
+        c.close_reason().expect("reason").contains("window"),
+        "{:?}",
+        c.close_reason()
+    );
 }
 
 #[tokio::test]

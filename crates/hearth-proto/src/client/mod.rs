@@ -42,8 +42,11 @@ use crate::{CONTROL_STREAM, PROTOCOL_VERSION};
 /// How often `connect` repeats its `Hello` until answered.
 const HELLO_RESEND: Duration = Duration::from_millis(500);
 
-/// Most messages queued on one stream that its consumer has not taken yet.
-const MAX_PENDING_MSGS: usize = 4096;
+/// Most messages queued on one stream that its consumer has not taken yet: every data frame the window
+/// allows (see [`crate::data_cost`]) plus room for the other replies.
+const MAX_PENDING_MSGS: usize = (crate::WINDOW / crate::MIN_DATA_COST) as usize + 4096;
+/// Most header bytes queued on one stream (batches of list entries are not flow-controlled).
+const MAX_PENDING_HEADER_BYTES: usize = 16 << 20;
 
 /// Errors of the host side of the agent channel.
 #[derive(Debug, thiserror::Error)]
@@ -117,10 +120,44 @@ impl Drop for Tasks {
 
 /// Where the reader task delivers a stream's messages.
 pub(crate) struct Route {
-    pub(crate) tx: tokio::sync::mpsc::UnboundedSender<(GuestMsg, Bytes)>,
+    pub(crate) tx: tokio::sync::mpsc::UnboundedSender<Delivery>,
     pub(crate) recv: Arc<RecvWindow>,
     pub(crate) send: Arc<CreditWindow>,
-    pub(crate) pending: Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) pending: Arc<Pending>,
+}
+
+/// A message delivered to a stream's consumer, with the size of its header (for [`Pending`]).
+pub(crate) struct Delivery {
+    pub(crate) msg: GuestMsg,
+    pub(crate) data: Bytes,
+    pub(crate) header_len: usize,
+}
+
+/// What a stream's consumer has not taken yet: bounded in count and header bytes, so a guest cannot make
+/// the host queue without limit.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    state: Mutex<(usize, usize)>,
+}
+
+impl Pending {
+    fn push(&self, header_len: usize) -> Result<(), String> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.0 >= MAX_PENDING_MSGS || st.1 + header_len > MAX_PENDING_HEADER_BYTES {
+            return Err(format!(
+                "more than {MAX_PENDING_MSGS} unconsumed messages or 16 MiB of headers"
+            ));
+        }
+        st.0 += 1;
+        st.1 += header_len;
+        Ok(())
+    }
+
+    pub(crate) fn pop(&self, header_len: usize) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.0 = st.0.saturating_sub(1);
+        st.1 = st.1.saturating_sub(header_len);
+    }
 }
 
 pub(crate) struct Shared {
@@ -285,7 +322,7 @@ impl AgentClient {
             tx,
             recv: Arc::new(RecvWindow::new()),
             send: Arc::new(CreditWindow::new()),
-            pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            pending: Arc::new(Pending::default()),
         };
         let rx = StreamRx::new(self.clone(), id, rx, &route);
         self.shared.routes().insert(id, route);
@@ -365,7 +402,7 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, shared: Arc
             Ok(h) => h,
             Err(e) => break Some(format!("malformed frame header: {e}")),
         };
-        if let Err(reason) = dispatch(&shared, stream, msg, frame.data) {
+        if let Err(reason) = dispatch(&shared, stream, msg, frame.data, frame.header.len()) {
             break Some(reason);
         }
     };
@@ -373,7 +410,13 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, shared: Arc
 }
 
 /// Route one guest message; an `Err` is a protocol violation that closes the connection.
-fn dispatch(shared: &Shared, stream: u32, msg: GuestMsg, data: Bytes) -> Result<(), String> {
+fn dispatch(
+    shared: &Shared,
+    stream: u32,
+    msg: GuestMsg,
+    data: Bytes,
+    header_len: usize,
+) -> Result<(), String> {
     if !data.is_empty() && !msg.carries_data() {
         return Err(format!(
             "stream {stream}: data attached to a message that carries none"
@@ -391,16 +434,22 @@ fn dispatch(shared: &Shared, stream: u32, msg: GuestMsg, data: Bytes) -> Result<
     if msg.carries_data() {
         route
             .recv
-            .on_receive(data.len() as u64)
+            .on_receive(crate::data_cost(data.len()))
             .map_err(|e| format!("stream {stream}: {e}"))?;
     }
-    if route.pending.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_MSGS {
-        return Err(format!(
-            "stream {stream}: more than {MAX_PENDING_MSGS} unconsumed messages"
-        ));
-    }
+    route
+        .pending
+        .push(header_len)
+        .map_err(|e| format!("stream {stream}: {e}"))?;
     let terminal = msg.is_terminal();
-    let delivered = route.tx.send((msg, data)).is_ok();
+    let delivered = route
+        .tx
+        .send(Delivery {
+            msg,
+            data,
+            header_len,
+        })
+        .is_ok();
     if (terminal || !delivered)
         && let Some(r) = routes.remove(&stream)
     {

@@ -114,7 +114,7 @@ async fn send_chunks(
 ) -> Result<(), ClientError> {
     while !data.is_empty() {
         let chunk = data.split_to(data.len().min(DATA_CHUNK));
-        window.acquire(chunk.len() as u64).await.map_err(|_| {
+        window.acquire(crate::data_cost(chunk.len())).await.map_err(|_| {
             if client.is_closed() {
                 client.shared.closed_error()
             } else {

@@ -1,13 +1,12 @@
 //! The consumer end of one request stream.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::{AgentClient, ClientError, Route};
+use super::{AgentClient, ClientError, Delivery, Pending, Route};
 use crate::io::{CreditWindow, RecvWindow};
 use crate::msg::{GuestMsg, HostMsg};
 
@@ -17,20 +16,15 @@ use crate::msg::{GuestMsg, HostMsg};
 pub struct StreamRx {
     client: AgentClient,
     id: u32,
-    rx: UnboundedReceiver<(GuestMsg, Bytes)>,
+    rx: UnboundedReceiver<Delivery>,
     recv: Arc<RecvWindow>,
     send: Arc<CreditWindow>,
-    pending: Arc<AtomicUsize>,
+    pending: Arc<Pending>,
     done: bool,
 }
 
 impl StreamRx {
-    pub(crate) fn new(
-        client: AgentClient,
-        id: u32,
-        rx: UnboundedReceiver<(GuestMsg, Bytes)>,
-        route: &Route,
-    ) -> Self {
+    pub(crate) fn new(client: AgentClient, id: u32, rx: UnboundedReceiver<Delivery>, route: &Route) -> Self {
         StreamRx {
             client,
             id,
@@ -67,19 +61,23 @@ impl StreamRx {
                 self.done = true;
                 Poll::Ready(Err(self.client.shared.closed_error()))
             }
-            Poll::Ready(Some((msg, data))) => {
-                self.pending.fetch_sub(1, Ordering::SeqCst);
+            Poll::Ready(Some(Delivery {
+                msg,
+                data,
+                header_len,
+            })) => {
+                self.pending.pop(header_len);
                 if msg.is_terminal() {
                     self.done = true;
-                } else if msg.carries_data() && !data.is_empty() {
-                    let n = data.len() as u64;
-                    self.recv.on_consume(n);
+                } else if msg.carries_data() {
+                    let cost = crate::data_cost(data.len());
+                    self.recv.on_consume(cost);
                     // Losing the credit message only matters if the connection is gone anyway.
-                    let _ = self
-                        .client
-                        .shared
-                        .out
-                        .send(self.id, &HostMsg::Credit { bytes: n }, Bytes::new());
+                    let _ =
+                        self.client
+                            .shared
+                            .out
+                            .send(self.id, &HostMsg::Credit { bytes: cost }, Bytes::new());
                 }
                 Poll::Ready(Ok((msg, data)))
             }
