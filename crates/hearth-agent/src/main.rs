@@ -87,13 +87,17 @@ async fn choose_transport(cmdline: &Cmdline) -> Transport {
     let port = cmdline.vsock_port.unwrap_or(DEFAULT_VSOCK_PORT);
     match cmdline.transport.as_deref() {
         Some("vsock") => return Transport::Vsock(port),
-        Some("serial") => loop {
-            if let Some(p) = transport::find_virtio_port(PORT_NAME) {
-                return Transport::Serial(p);
+        Some("serial") => {
+            if transport::find_virtio_port(PORT_NAME).is_none() {
+                log(&format!("waiting for virtio port {PORT_NAME}"));
             }
-            log(&format!("waiting for virtio port {PORT_NAME}"));
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        },
+            loop {
+                if let Some(p) = transport::find_virtio_port(PORT_NAME) {
+                    return Transport::Serial(p);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         Some(other) => log(&format!("unknown hearth.transport={other}; detecting")),
         None => {}
     }
