@@ -132,11 +132,33 @@ pub fn console_tail(run_dir: &Path) -> Option<String> {
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<String> = text
         .lines()
-        .map(|l| l.chars().filter(|c| !c.is_control()).collect::<String>())
+        .map(printable)
         .filter(|l| !l.trim().is_empty())
         .collect();
     let tail = lines[lines.len().saturating_sub(6)..].join(" | ");
     (!tail.is_empty()).then(|| clip(&tail, 1500))
+}
+
+/// A console line without terminal escape sequences (`ESC [ ... final`) and other control characters.
+fn printable(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                // Parameters and intermediates, up to and including the final byte (@ to ~).
+                for p in chars.by_ref() {
+                    if ('@'..='~').contains(&p) {
+                        break;
+                    }
+                }
+            }
+        } else if !c.is_control() {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl Sandboxes {
@@ -569,7 +591,7 @@ mod tests {
             b"boot\n\x1b[31mred\x1b[0m\n\nlast line\n",
         )?;
         let tail = console_tail(dir.path()).unwrap_or_default();
-        assert_eq!(tail, "boot | [31mred[0m | last line");
+        assert_eq!(tail, "boot | red | last line");
         Ok(())
     }
 }
