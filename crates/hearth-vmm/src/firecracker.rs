@@ -7,13 +7,15 @@
 //! - `http`: the small HTTP/1.1 client under it;
 //! - `process`: detached spawn, readiness wait, identity checks, SIGTERM/SIGKILL;
 //! - `vsock`: the `CONNECT <port>` handshake on Firecracker's vsock socket;
+//! - `sock`: socket addresses, including symlink-proof ones inside a jail;
 //! - `snapshot`: pause, resume, snapshot create and restore ([`SnapshotFiles`]);
 //! - [`jailer`]: the optional jailer (chroot, uid/gid, cgroups).
 //!
 //! # Files in the run directory
 //! `fc.sock` (API), `vsock.sock` (agent channel), `firecracker.log` (Firecracker's stdio: its log and the
-//! guest's serial console), `firecracker.pid`; with the jailer, `jail/` (the chroot) and the two sockets are
-//! symlinks into it.
+//! guest's serial console), `firecracker.pid`. With the jailer, `jail/<exec name>/<id>/root/` is the chroot
+//! and the sockets are in its `run/`; the driver reaches them without following symlinks (`sock`), since the
+//! jailed process owns everything in the chroot.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -28,11 +30,13 @@ mod http;
 pub mod jailer;
 mod process;
 mod snapshot;
+mod sock;
 mod vsock;
 
 pub use api::ApiClient;
 pub use jailer::{CgroupVersion, JailerConfig};
 pub use snapshot::SnapshotFiles;
+pub use sock::SocketAddr;
 
 use process::ProcessId;
 
@@ -132,7 +136,27 @@ impl FirecrackerVmm {
 
     /// Typed API client for a VM's socket (pause, resume, snapshots).
     pub fn api(&self, run_dir: &Path) -> ApiClient {
-        ApiClient::new(run_dir.join(API_SOCKET), self.timeouts.api_call)
+        ApiClient::new(self.socket_addr(run_dir, API_SOCKET), self.timeouts.api_call)
+    }
+
+    /// Where to reach socket `name` ([`API_SOCKET`] or [`VSOCK_SOCKET`]) of the VM in `run_dir`: in the run
+    /// directory, or inside the VM's jail without following symlinks when it is jailed.
+    fn socket_addr(&self, run_dir: &Path, name: &str) -> SocketAddr {
+        let jailed = std::fs::symlink_metadata(run_dir.join(JAIL_DIR)).is_ok_and(|m| m.is_dir());
+        match jailed
+            .then(|| jailed_instance_id(run_dir, &self.binary))
+            .flatten()
+        {
+            Some(iid) => {
+                let inner = if name == API_SOCKET {
+                    jailer::API_SOCKET
+                } else {
+                    jailer::VSOCK_SOCKET
+                };
+                jailer::Jail::new(run_dir, &self.binary, &iid).socket(run_dir, inner)
+            }
+            None => SocketAddr::Path(run_dir.join(name)),
+        }
     }
 
     /// Keeps `<run>/firecracker.log` (Firecracker's log and the guest's serial console, which a hostile
@@ -187,7 +211,6 @@ impl FirecrackerVmm {
             Some(cfg) => {
                 let jail = jailer::Jail::new(run, &self.binary, iid);
                 jail.populate(cfg, &spec.images.vmlinux, &spec.images.initramfs, &spec.disk)
-                    .and_then(|()| jail.link_sockets(&run.join(API_SOCKET), &run.join(VSOCK_SOCKET)))
                     .map_err(|e| start_failed(format!("preparing the jail: {e}")))?;
                 let args = jail
                     .args(cfg, &self.binary, iid, &["--api-sock", jailer::API_SOCKET])
@@ -264,7 +287,7 @@ impl FirecrackerVmm {
             return Err(start_failed(format!("run directory {} missing", run.display())));
         }
         // A VM already answering in this run directory is never disturbed (its sockets would be unlinked).
-        if std::os::unix::net::UnixStream::connect(run.join(API_SOCKET)).is_ok() {
+        if self.socket_addr(run, API_SOCKET).accepts() {
             return Err(start_failed(format!(
                 "a Firecracker is already running in {}",
                 run.display()
@@ -282,8 +305,13 @@ impl FirecrackerVmm {
             }
         };
         let log = run.join(LOG_FILE);
-        if let Err(e) =
-            process::wait_for_socket(proc_id, &run.join(API_SOCKET), &log, self.timeouts.api_socket).await
+        if let Err(e) = process::wait_for_socket(
+            proc_id,
+            &self.socket_addr(run, API_SOCKET),
+            &log,
+            self.timeouts.api_socket,
+        )
+        .await
         {
             return Err(self.abort(spec, proc_id, start_failed(e.to_string())).await);
         }
@@ -486,7 +514,7 @@ impl Vmm for FirecrackerVmm {
     }
 
     async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {
-        let uds = vm.run_dir.join(VSOCK_SOCKET);
+        let uds = self.socket_addr(&vm.run_dir, VSOCK_SOCKET);
         vsock::connect(&uds, AGENT_VSOCK_PORT, self.timeouts.agent_handshake)
             .await
             .map_err(|e| VmmError::AgentChannel {
@@ -512,7 +540,7 @@ impl Vmm for FirecrackerVmm {
                 })?;
         }
         // A stale handle (the VM was restarted in the same directory since) must not break the live VM.
-        if std::os::unix::net::UnixStream::connect(vm.run_dir.join(API_SOCKET)).is_ok() {
+        if self.socket_addr(&vm.run_dir, API_SOCKET).accepts() {
             return Ok(());
         }
         self.remove_cgroups(&vm.run_dir).await;

@@ -186,7 +186,12 @@ async fn jailed_snapshot_restores_into_a_fresh_jail() {
         memory: sbx.tmp.path().join("vm.mem"),
     };
     vmm.create_snapshot(&vm, &files).await.expect("jailed snapshot");
-    assert!(files.state.is_file() && files.memory.is_file());
+    for f in [&files.state, &files.memory] {
+        // Taken out of the jail and handed to root: the jailed uid cannot reopen it.
+        let meta = std::fs::symlink_metadata(f).expect("snapshot file");
+        assert!(meta.is_file());
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600), "{}", f.display());
+    }
     vmm.stop(&vm).await.expect("stop");
     drop(guard);
 
@@ -254,4 +259,47 @@ async fn jailed_vm_joins_the_given_network_namespace() {
     );
     vmm.stop(&vm).await.expect("stop");
     assert!(!running(vm.pid, vm.start_ticks));
+}
+
+#[tokio::test]
+async fn symlinks_planted_in_the_jail_do_not_redirect_the_driver() {
+    // What a compromised (jailed) Firecracker could do: it owns its chroot, so it can replace its sockets
+    // with symlinks to host sockets. The driver must not follow them into the host.
+    let images = images();
+    let sbx = Sandbox::new();
+    let iid = sbx.instance_id();
+    let (vmm, _, _) = jailed_vmm(&iid);
+    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let vm = vmm.start(&sbx.spec(&images, disk)).await.expect("start");
+    let _guard = KillOnDrop(vm.clone());
+
+    let host = tempfile::tempdir().expect("host dir");
+    let host_sock = host.path().join("daemon.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&host_sock).expect("host socket");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let run = sbx.dir.join("jail/firecracker").join(&iid).join("root/run");
+    for name in ["vsock.sock", "fc.sock"] {
+        std::fs::remove_file(run.join(name)).expect("remove jailed socket");
+        std::os::unix::fs::symlink(&host_sock, run.join(name)).expect("plant symlink");
+    }
+    assert!(matches!(
+        vmm.connect_agent(&vm).await,
+        Err(VmmError::AgentChannel { .. })
+    ));
+    assert!(vmm.api(&vm.run_dir).describe().await.is_err());
+    // The same with a symlinked directory instead.
+    std::fs::remove_dir_all(&run).expect("remove run dir");
+    std::os::unix::fs::symlink(host.path(), &run).expect("plant dir symlink");
+    std::fs::rename(&host_sock, host.path().join("vsock.sock")).expect("rename");
+    assert!(vmm.connect_agent(&vm).await.is_err());
+    assert!(
+        listener.accept().is_err(),
+        "the driver connected to a host socket through a planted symlink"
+    );
+    vmm.stop(&vm).await.expect("stop");
+    assert!(!running(vm.pid, vm.start_ticks));
+    assert!(
+        host.path().join("vsock.sock").exists(),
+        "stop removed a file outside the jail"
+    );
 }

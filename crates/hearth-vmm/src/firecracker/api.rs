@@ -4,12 +4,13 @@
 //! an HTTP exchange and an answer into a result. Request bodies are plain serde structs; optional fields are
 //! left out when unset so Firecracker applies its own defaults.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::http::{self, HttpError, Method};
+use super::sock::SocketAddr;
 
 /// Longest `fault_message` kept in an error (Firecracker's are one sentence).
 const MAX_FAULT: usize = 2048;
@@ -260,20 +261,17 @@ struct Fault {
 /// Client bound to one Firecracker API socket.
 #[derive(Debug, Clone)]
 pub struct ApiClient {
-    socket: PathBuf,
+    socket: SocketAddr,
     timeout: Duration,
 }
 
 impl ApiClient {
     /// `timeout` bounds each call (snapshot calls get at least five minutes).
-    pub fn new(socket: impl Into<PathBuf>, timeout: Duration) -> Self {
-        Self {
-            socket: socket.into(),
-            timeout,
-        }
+    pub fn new(socket: SocketAddr, timeout: Duration) -> Self {
+        Self { socket, timeout }
     }
 
-    pub fn socket(&self) -> &Path {
+    pub fn socket(&self) -> &SocketAddr {
         &self.socket
     }
 

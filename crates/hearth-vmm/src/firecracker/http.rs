@@ -6,11 +6,11 @@
 //! the body with a `Content-Length`, reads the head up to the blank line, then exactly `Content-Length` bytes,
 //! and never waits for EOF. Sizes are bounded: a broken or hostile peer cannot make it allocate without limit.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
+
+use super::sock::SocketAddr;
 
 /// Largest response head accepted.
 const MAX_HEAD: usize = 16 * 1024;
@@ -46,7 +46,7 @@ pub struct Response {
 pub enum HttpError {
     /// Could not connect to the API socket.
     #[error("connect {path}: {source}")]
-    Connect { path: PathBuf, source: std::io::Error },
+    Connect { path: String, source: std::io::Error },
     /// Reading or writing the socket failed.
     #[error("socket i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -60,7 +60,7 @@ pub enum HttpError {
 
 /// Sends one request on a fresh connection to `socket` and reads the whole response, all within `timeout`.
 pub async fn request(
-    socket: &Path,
+    socket: &SocketAddr,
     method: Method,
     path: &str,
     body: Option<&[u8]>,
@@ -72,17 +72,15 @@ pub async fn request(
 }
 
 async fn exchange(
-    socket: &Path,
+    socket: &SocketAddr,
     method: Method,
     path: &str,
     body: Option<&[u8]>,
 ) -> Result<Response, HttpError> {
-    let mut stream = UnixStream::connect(socket)
-        .await
-        .map_err(|source| HttpError::Connect {
-            path: socket.to_path_buf(),
-            source,
-        })?;
+    let mut stream = socket.connect().await.map_err(|source| HttpError::Connect {
+        path: socket.display(),
+        source,
+    })?;
     stream.write_all(&encode_request(method, path, body)).await?;
     stream.flush().await?;
 

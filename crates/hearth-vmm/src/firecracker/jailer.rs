@@ -10,12 +10,14 @@
 //!   handed to the jail's uid/gid;
 //! - a `run/` directory owned by the jail's uid for the API and vsock sockets.
 //!
-//! `<run>/fc.sock` and `<run>/vsock.sock` are symlinks into the jail, so the rest of the driver (and a daemon
-//! that adopts the VM after a restart) finds the sockets at the same place with or without the jailer.
+//! The chroot belongs to the jailed uid, so the driver never follows a path into it blindly: sockets are
+//! opened without symlinks ([`Jail::socket`]), snapshot files are taken out by descriptor after checking them.
 
 use std::ffi::OsString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use super::sock::SocketAddr;
 
 /// Which cgroup hierarchy the jailer writes `cgroups` settings to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,13 +194,15 @@ impl Jail {
         Ok(args)
     }
 
-    /// Symlinks `<run>/fc.sock` and `<run>/vsock.sock` to the sockets inside the jail.
-    pub fn link_sockets(&self, api_link: &Path, vsock_link: &Path) -> Result<(), JailError> {
-        for (link, inner) in [(api_link, API_SOCKET), (vsock_link, VSOCK_SOCKET)] {
-            remove_if_present(link)?;
-            std::os::unix::fs::symlink(self.host_path(inner), link).map_err(io_err(link))?;
+    /// Address of a socket Firecracker made inside the jail (`inner` as Firecracker sees it), reached
+    /// without following symlinks (see [`SocketAddr::Beneath`]).
+    pub fn socket(&self, run_dir: &Path, inner: &str) -> SocketAddr {
+        let rel = self.host_path(inner);
+        let rel = rel.strip_prefix(run_dir).map(Path::to_path_buf).unwrap_or(rel);
+        SocketAddr::Beneath {
+            dir: run_dir.to_path_buf(),
+            rel,
         }
-        Ok(())
     }
 
     /// Cgroup directories the jailer may have created for this VM (removed after the process exits).
@@ -231,14 +235,6 @@ impl Jail {
 
 fn chown(path: &Path, cfg: &JailerConfig) -> Result<(), JailError> {
     std::os::unix::fs::chown(path, Some(cfg.uid), Some(cfg.gid)).map_err(io_err(path))
-}
-
-fn remove_if_present(path: &Path) -> Result<(), JailError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_err(path)(e)),
-    }
 }
 
 /// Puts a read-only boot file into the jail: a hard link when the file is world-readable and on the same

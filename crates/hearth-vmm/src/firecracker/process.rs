@@ -37,7 +37,7 @@ pub enum ProcessError {
     /// The API socket did not appear in time.
     #[error("api socket {path} not ready after {waited:?}; log tail: {log_tail}")]
     SocketTimeout {
-        path: PathBuf,
+        path: String,
         waited: Duration,
         log_tail: String,
     },
@@ -100,13 +100,13 @@ pub fn spawn_detached(
 /// Waits until something accepts connections on `socket`, failing early if the process dies.
 pub async fn wait_for_socket(
     proc_id: ProcessId,
-    socket: &Path,
+    socket: &super::sock::SocketAddr,
     log: &Path,
     timeout: Duration,
 ) -> Result<(), ProcessError> {
     let started = Instant::now();
     loop {
-        if tokio::net::UnixStream::connect(socket).await.is_ok() {
+        if socket.connect().await.is_ok() {
             return Ok(());
         }
         if !is_running(proc_id) {
@@ -116,7 +116,7 @@ pub async fn wait_for_socket(
         }
         if started.elapsed() >= timeout {
             return Err(ProcessError::SocketTimeout {
-                path: socket.to_path_buf(),
+                path: socket.display(),
                 waited: timeout,
                 log_tail: log_tail(log),
             });
@@ -371,7 +371,8 @@ mod tests {
             &log,
         )
         .expect("spawn");
-        let err = wait_for_socket(p, &dir.path().join("none.sock"), &log, Duration::from_secs(5))
+        let none = super::super::sock::SocketAddr::Path(dir.path().join("none.sock"));
+        let err = wait_for_socket(p, &none, &log, Duration::from_secs(5))
             .await
             .expect_err("no socket");
         match err {

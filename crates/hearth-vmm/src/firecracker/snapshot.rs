@@ -10,6 +10,7 @@
 //! Snapshot files are written where the caller asks; committing them (fsync, manifest, checksums, rename) is
 //! the caller's business (SECURITY.md promise 8).
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{FirecrackerVmm, api, api_error, jailer};
@@ -72,13 +73,18 @@ impl FirecrackerVmm {
         let inner_state = jail_root.join(&JAILED_STATE[1..]);
         let inner_memory = jail_root.join(&JAILED_MEMORY[1..]);
         let result = match api.create_snapshot(req).await {
-            Ok(()) => {
-                move_file(&inner_state, &files.state).and_then(|()| move_file(&inner_memory, &files.memory))
-            }
+            Ok(()) => take_out(&jail_root, &JAILED_STATE[1..], &files.state)
+                .and_then(|()| take_out(&jail_root, &JAILED_MEMORY[1..], &files.memory)),
             Err(e) => Err(Self::vm_api_error(vm, &e)),
         };
+        // Unlinking names inside the chroot never follows a symlink; the chroot directory itself belongs to
+        // root-owned parents, so it cannot be swapped.
         let _ = std::fs::remove_file(&inner_state);
         let _ = std::fs::remove_file(&inner_memory);
+        if result.is_err() {
+            let _ = std::fs::remove_file(&files.state);
+            let _ = std::fs::remove_file(&files.memory);
+        }
         result
     }
 
@@ -130,18 +136,57 @@ impl FirecrackerVmm {
     }
 }
 
-/// Renames `from` to `to`, copying across filesystems.
-fn move_file(from: &Path, to: &Path) -> Result<(), VmmError> {
+/// Takes a snapshot file the jailed Firecracker wrote (`name` in the chroot `root`) out to `dest`.
+///
+/// The jailed process owns the chroot, so the file is opened without following symlinks and must be a
+/// regular file with a single link; then exactly that inode is linked to `dest` (copied when `dest` is on
+/// another filesystem) and handed to root with mode 0600. A Firecracker that keeps running after the snapshot
+/// could still write through descriptors it holds: stop it (or copy) before committing the snapshot.
+fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
+    use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat2};
+    use nix::unistd::linkat;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    let src = root.join(name);
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| VmmError::Io { path, source }
+        move |source: std::io::Error| VmmError::Io { path, source }
     };
-    match std::fs::rename(from, to) {
-        Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            std::fs::copy(from, to).map_err(io(to))?;
-            std::fs::remove_file(from).map_err(io(from))
-        }
-        Err(e) => Err(io(to)(e)),
+    let dirfd = std::fs::File::open(root).map_err(io(root))?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let file = std::fs::File::from(openat2(&dirfd, name, how).map_err(|e| io(&src)(e.into()))?);
+    let meta = file.metadata().map_err(io(&src))?;
+    if !meta.is_file() || meta.nlink() != 1 {
+        return Err(VmmError::Disk {
+            path: src,
+            detail: "snapshot output is not a private regular file".into(),
+        });
     }
+    let magic = format!("/proc/self/fd/{}", file.as_raw_fd());
+    match linkat(
+        nix::fcntl::AT_FDCWD,
+        magic.as_str(),
+        nix::fcntl::AT_FDCWD,
+        dest,
+        AtFlags::AT_SYMLINK_FOLLOW,
+    ) {
+        Ok(()) => {}
+        Err(nix::Error::EXDEV) => {
+            let mut out = std::fs::File::options()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(dest)
+                .map_err(io(dest))?;
+            std::io::copy(&mut &file, &mut out).map_err(io(dest))?;
+            return Ok(());
+        }
+        Err(e) => return Err(io(dest)(e.into())),
+    }
+    std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io(dest))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(io(dest))
 }

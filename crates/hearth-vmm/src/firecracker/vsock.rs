@@ -4,11 +4,12 @@
 //! The answer is read one byte at a time so that nothing after the handshake line is consumed: the stream is
 //! handed over positioned on the first byte the guest sent.
 
-use std::path::Path;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
+
+use super::sock::SocketAddr;
 
 /// Longest acceptable answer line (`OK 4294967295\n` is 14 bytes).
 const MAX_LINE: usize = 32;
@@ -16,10 +17,7 @@ const MAX_LINE: usize = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum VsockError {
     #[error("connect {path}: {source}")]
-    Connect {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    Connect { path: String, source: std::io::Error },
     #[error("handshake i/o: {0}")]
     Io(#[from] std::io::Error),
     /// Firecracker closed the connection: nothing listens on the guest port (yet).
@@ -32,19 +30,17 @@ pub enum VsockError {
 }
 
 /// Connects to guest `port` through the vsock Unix socket `uds`, all within `timeout`.
-pub async fn connect(uds: &Path, port: u32, timeout: Duration) -> Result<UnixStream, VsockError> {
+pub async fn connect(uds: &SocketAddr, port: u32, timeout: Duration) -> Result<UnixStream, VsockError> {
     tokio::time::timeout(timeout, handshake(uds, port))
         .await
         .map_err(|_| VsockError::Timeout(timeout))?
 }
 
-async fn handshake(uds: &Path, port: u32) -> Result<UnixStream, VsockError> {
-    let mut stream = UnixStream::connect(uds)
-        .await
-        .map_err(|source| VsockError::Connect {
-            path: uds.to_path_buf(),
-            source,
-        })?;
+async fn handshake(uds: &SocketAddr, port: u32) -> Result<UnixStream, VsockError> {
+    let mut stream = uds.connect().await.map_err(|source| VsockError::Connect {
+        path: uds.display(),
+        source,
+    })?;
     stream.write_all(format!("CONNECT {port}\n").as_bytes()).await?;
     let mut line = Vec::with_capacity(16);
     loop {
@@ -96,10 +92,7 @@ mod tests {
     }
 
     /// A fake vsock muxer: checks the CONNECT line, answers `answer`, then sends `after`.
-    async fn fake_muxer(
-        answer: &'static [u8],
-        after: &'static [u8],
-    ) -> (tempfile::TempDir, std::path::PathBuf) {
+    async fn fake_muxer(answer: &'static [u8], after: &'static [u8]) -> (tempfile::TempDir, SocketAddr) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("v.sock");
         let listener = UnixListener::bind(&path).expect("bind");
@@ -113,7 +106,7 @@ mod tests {
             // Hold the connection open for the reader.
             tokio::time::sleep(Duration::from_secs(5)).await;
         });
-        (dir, path)
+        (dir, SocketAddr::Path(path))
     }
 
     #[tokio::test]
@@ -146,7 +139,7 @@ mod tests {
             Err(VsockError::Timeout(_))
         ));
         assert!(started.elapsed() < Duration::from_secs(2));
-        let missing = _d3.path().join("absent.sock");
+        let missing = SocketAddr::Path(_d3.path().join("absent.sock"));
         assert!(matches!(
             connect(&missing, 1024, Duration::from_secs(1)).await,
             Err(VsockError::Connect { .. })
