@@ -81,8 +81,8 @@ pub struct QemuVmm {
     accel: Accel,
     binary: PathBuf,
     version: String,
-    /// Run directories whose console is being copied by a pump thread.
-    consoles: Arc<Mutex<HashSet<PathBuf>>>,
+    /// VMs (run directory, pid) whose console a pump thread copies.
+    consoles: Arc<Mutex<HashSet<(PathBuf, u32)>>>,
 }
 
 impl QemuVmm {
@@ -231,19 +231,20 @@ impl QemuVmm {
     pub fn attach_console(&self, vm: &VmHandle) -> Result<(), VmmError> {
         let files = RunFiles::new(&vm.run_dir);
         let mut attached = self.consoles.lock().unwrap_or_else(|p| p.into_inner());
-        if attached.contains(&vm.run_dir) {
+        let key = (vm.run_dir.clone(), vm.pid);
+        if attached.contains(&key) {
             return Ok(());
         }
         let consoles = self.consoles.clone();
-        let key = vm.run_dir.clone();
+        let done = key.clone();
         console::spawn_pump(&files.console_sock, files.console_log.clone(), move || {
-            consoles.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            consoles.lock().unwrap_or_else(|p| p.into_inner()).remove(&done);
         })
         .map_err(|e| VmmError::Io {
             path: files.console_sock.clone(),
             source: e,
         })?;
-        attached.insert(vm.run_dir.clone());
+        attached.insert(key);
         Ok(())
     }
 
