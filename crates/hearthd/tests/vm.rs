@@ -338,6 +338,9 @@ async fn ttl_health_and_restart_adoption() {
         assert_eq!(r.stdout, "alive\n");
     }
     assert_eq!(d.sh(&keep1, "cat /root/mark").await.stdout, "state\n");
+    // A graceful stop (SIGTERM) leaves the VMs running for the next start as well.
+    d.term_and_restart().await;
+    assert_eq!(d.sh(&keep1, "cat /root/mark").await.stdout, "state\n");
     // The TTL is persisted too: shorten it after the restart and watch it go.
     let (status, _) = d
         .call(

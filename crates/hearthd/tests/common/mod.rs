@@ -127,6 +127,20 @@ impl Daemon {
         self.spawn().await;
     }
 
+    /// SIGTERM the daemon (graceful: VMs keep running), wait for it to exit, start it again on the same dir.
+    pub async fn term_and_restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) has no memory-safety preconditions; the pid is our child.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            let status = c.wait().expect("wait");
+            assert!(status.success(), "hearthd exited with {status} on SIGTERM");
+        }
+        std::fs::remove_file(self.dir.path().join("listen-addr")).ok();
+        self.spawn().await;
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
