@@ -12,10 +12,18 @@
 //! ```
 //!
 //! Detaching: QEMU's `-daemonize` forks and calls `setsid()`, which the seccomp filter we want
-//! (`-sandbox on,...,spawn=deny,elevateprivileges=deny`) forbids, and QEMU then exits with status 1 and no
-//! message. Least privilege wins: we start QEMU without `-daemonize`, in a new session (so a daemon restart or
-//! `kill -9` leaves it running), with stdio in `qemu.log`, and a thread reaps it if it exits while the daemon
-//! still lives. QEMU starts paused (`-S`): `start` waits for QMP to answer (the machine is built; if QEMU
+//! (`-sandbox on,...,spawn=deny`) forbids (QEMU then exits with status 1 and no message; `elevateprivileges=deny`
+//! has the same effect). Least privilege wins: we start QEMU without `-daemonize`, in a new session (so a
+//! daemon restart or `kill -9` leaves it running), with stdio in `qemu.log`, and a thread reaps it if it exits
+//! while the daemon still lives.
+//!
+//! Privileges: when the daemon runs as root, QEMU drops to a uid/gid of its own ([`vm_uid`], derived from the
+//! sandbox id, no passwd entry) and chroots into the run directory once the machine is built
+//! (`-run-with user=..,chroot=..`): every file and socket it needs is open by then. QEMU installs its seccomp
+//! filter before it changes uid, so the filter must allow set*id (`elevateprivileges=allow`); that grants
+//! nothing, because an unprivileged uid without capabilities cannot get root back, QEMU runs with
+//! `no_new_privs`, and `spawn=deny` forbids exec. A per-VM uid also keeps one compromised QEMU from signalling
+//! or reading another. QEMU starts paused (`-S`): `start` waits for QMP to answer (the machine is built; if QEMU
 //! exits first its stderr is the error), attaches the console reader, then sends `cont`, so no console output
 //! is lost.
 //!
@@ -81,6 +89,8 @@ pub struct QemuVmm {
     accel: Accel,
     binary: PathBuf,
     version: String,
+    /// Run QEMU as a per-VM unprivileged uid, chrooted into the run directory (default: when root).
+    drop_privileges: bool,
     /// VMs (run directory, pid) whose console a pump thread copies.
     consoles: Arc<Mutex<HashSet<(PathBuf, u32)>>>,
 }
@@ -94,6 +104,7 @@ impl QemuVmm {
             accel,
             binary,
             version,
+            drop_privileges: nix::unistd::geteuid().is_root(),
             consoles: Arc::default(),
         }
     }
@@ -107,6 +118,12 @@ impl QemuVmm {
         let path = crate::detect::find_qemu().map_err(missing)?;
         let info = crate::detect::binary_info(&path).map_err(missing)?;
         Ok(QemuVmm::new(accel, info.path, info.version))
+    }
+
+    /// Turns the privilege drop on or off (it needs root; on by default when root).
+    pub fn with_drop_privileges(mut self, on: bool) -> Self {
+        self.drop_privileges = on;
+        self
     }
 
     pub fn binary(&self) -> &Path {
@@ -209,9 +226,17 @@ impl QemuVmm {
             "chardev:console".into(),
             "-pidfile".into(),
             path_str(&files.pid_file).map_err(bad)?,
-            "-sandbox".into(),
-            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
         ];
+        if self.drop_privileges {
+            let uid = vm_uid(&spec.id);
+            args.push("-run-with".into());
+            args.push(format!("user={uid}:{uid},chroot={}", opt(&spec.run_dir)?));
+            args.push("-sandbox".into());
+            args.push("on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny".into());
+        } else {
+            args.push("-sandbox".into());
+            args.push("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into());
+        }
         args.shrink_to_fit();
         Ok(args.into_iter().map(OsString::from).collect())
     }
@@ -536,6 +561,20 @@ impl Vmm for QemuVmm {
     }
 }
 
+/// First uid/gid of the range QEMU processes run as (far above any distribution's system and user ids).
+pub const VM_UID_BASE: u32 = 0x4000_0000;
+
+/// The unprivileged uid (and gid) QEMU runs as for sandbox `id`: stable, and distinct per sandbox with
+/// overwhelming probability (28 bits of an FNV-1a hash).
+pub fn vm_uid(id: &str) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    VM_UID_BASE + (h & 0x0fff_ffff) as u32
+}
+
 /// Process state letter (`R`, `S`, `Z`, ...) from `/proc/<pid>/stat`.
 fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -669,7 +708,8 @@ mod tests {
             Accel::Tcg,
             "/usr/bin/qemu-system-x86_64".into(),
             "QEMU 10.0.2".into(),
-        );
+        )
+        .with_drop_privileges(false);
         let a = args_of(&vmm, &spec(Path::new("/run/h/sbx")));
         let joined = a.join(" ");
         assert!(joined.contains("-accel tcg -cpu max -smp 2 -m 256"), "{joined}");
@@ -677,7 +717,15 @@ mod tests {
         assert!(joined.contains("socket,id=agent,path=/run/h/sbx/agent.sock,server=on,wait=off"));
         assert!(joined.contains("file=/run/h/sbx/disk.qcow2,format=qcow2"));
         assert!(joined.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny"));
-        assert!(!a.iter().any(|x| x == "-daemonize"));
+        assert!(!a.iter().any(|x| x == "-daemonize" || x == "-run-with"));
+        let dropped = vmm.clone().with_drop_privileges(true);
+        let j = args_of(&dropped, &spec(Path::new("/run/h/sbx"))).join(" ");
+        let uid = vm_uid("sbx_0123456789abcdef");
+        assert!(
+            j.contains(&format!("-run-with user={uid}:{uid},chroot=/run/h/sbx")),
+            "{j}"
+        );
+        assert!(j.contains("elevateprivileges=allow,spawn=deny"), "{j}");
         let append = &a[a.iter().position(|x| x == "-append").expect("append") + 1];
         assert!(
             append.contains("hearth.hostname=sbx-1") && append.contains("panic=-1"),
@@ -716,6 +764,19 @@ mod tests {
             vmm.command_line(&spec(&long)),
             Err(VmmError::StartFailed { .. })
         ));
+    }
+
+    #[test]
+    fn vm_uids_are_unprivileged_stable_and_distinct() {
+        let a = vm_uid("sbx_0000000000000001");
+        assert_eq!(a, vm_uid("sbx_0000000000000001"));
+        assert_ne!(a, vm_uid("sbx_0000000000000002"));
+        let many: HashSet<u32> = (0..10_000).map(|i| vm_uid(&format!("sbx_{i:016x}"))).collect();
+        assert!(many.len() >= 9_990);
+        assert!(
+            many.iter()
+                .all(|u| (VM_UID_BASE..VM_UID_BASE + 0x1000_0000).contains(u))
+        );
     }
 
     #[test]

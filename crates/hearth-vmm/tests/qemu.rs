@@ -163,6 +163,23 @@ async fn boots_minimal_guest_runs_a_command_and_stops() {
     let ready = t0.elapsed();
     eprintln!("qemu tcg: process up in {started:?}, agent ready (cold boot) in {ready:?}");
 
+    // Least privilege: QEMU runs under seccomp with no_new_privs and, when we are root, as the VM's own uid.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", vm.pid)).expect("qemu status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    assert_eq!(field("Seccomp:"), "2", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    if nix::unistd::geteuid().is_root() {
+        let uid = hearth_vmm::qemu::vm_uid(&spec(run.path(), PathBuf::new(), "x").id);
+        assert_eq!(field("Uid:"), format!("{uid} {uid} {uid} {uid}"), "{status}");
+        assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    }
+
     let log = console(&vm);
     assert!(log.contains("hearth-init: started"), "console:\n{log}");
     assert!(log.contains("hearth-init: starting the agent"), "console:\n{log}");
