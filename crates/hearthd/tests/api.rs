@@ -743,3 +743,32 @@ async fn kill_body_is_optional_but_must_be_json_when_present() {
     f.expect_error(f.json("POST", bad_pid, "{}").await, 404, ErrorCode::NotFound)
         .await;
 }
+
+#[tokio::test]
+async fn memory_is_not_overcommitted() {
+    let f = Fixture::new(StartBehaviour::Fail);
+    let (_, body) = f.get("/v1/system").await;
+    let info: SystemInfo = serde_json::from_slice(&body).expect("system");
+    // Fill the host with (pretend) running sandboxes of 16 GiB.
+    let per = 16384u64;
+    let n = info.capacity.host_memory_mib / per + 1;
+    for i in 0..n {
+        f.insert_row(&format!("sbx_{i:016x}"), SandboxState::Running, &[]);
+    }
+    let db = f.state.sandboxes.db();
+    for r in db.list().expect("list") {
+        db.delete(&r.id).expect("delete");
+        db.insert(&SandboxRow {
+            memory_mib: per as u32,
+            ..r
+        })
+        .expect("insert");
+    }
+    f.expect_error(
+        f.json("POST", "/v1/sandboxes", r#"{"memory_mib": 128}"#).await,
+        503,
+        ErrorCode::CapacityExceeded,
+    )
+    .await;
+    assert_eq!(db.list().expect("list").len() as u64, n, "nothing was created");
+}

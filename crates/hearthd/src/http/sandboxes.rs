@@ -15,6 +15,7 @@ use super::error::{ApiError, ApiJson, ApiQuery, SandboxId};
         (status = 400, description = "Invalid request", body = ErrorBody),
         (status = 404, description = "Unknown template", body = ErrorBody),
         (status = 502, description = "The VM could not be started or its agent did not answer", body = ErrorBody),
+        (status = 503, description = "Not enough memory left on the host", body = ErrorBody),
     ),
     security(("api_key" = [])))]
 pub async fn create(

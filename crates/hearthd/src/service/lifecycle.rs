@@ -205,12 +205,37 @@ impl Sandboxes {
         })
     }
 
+    /// Refuses a sandbox whose memory would not fit next to the ones already running (memory is not
+    /// overcommitted; vCPUs are).
+    fn check_capacity(&self, memory_mib: u32) -> Result<(), ServiceError> {
+        let host = host_memory_mib();
+        if host == 0 {
+            return Ok(());
+        }
+        let allocated: u64 = self
+            .db
+            .list()?
+            .iter()
+            .filter(|r| matches!(r.state, SandboxState::Creating | SandboxState::Running))
+            .map(|r| u64::from(r.memory_mib))
+            .sum();
+        // Keep a tenth of the host (at least 512 MiB) for the host itself and the VMM processes.
+        let usable = host - (host / 10).max(512).min(host);
+        if allocated + u64::from(memory_mib) > usable {
+            return Err(ServiceError::CapacityExceeded(format!(
+                "{memory_mib} MiB requested, {allocated} of {usable} MiB already allocated"
+            )));
+        }
+        Ok(())
+    }
+
     /// Creates a sandbox and returns once its agent answers.
     pub async fn create(
         self: &std::sync::Arc<Self>,
         req: CreateSandboxRequest,
     ) -> Result<Sandbox, ServiceError> {
         let plan = self.plan(req)?;
+        self.check_capacity(plan.memory_mib)?;
         let started = Instant::now();
         let now = now_ms();
         let mut id = new_sandbox_id();

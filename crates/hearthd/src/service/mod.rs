@@ -40,6 +40,8 @@ pub enum ServiceError {
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
+    CapacityExceeded(String),
+    #[error("{0}")]
     VmmFailed(String),
     #[error("{0}")]
     AgentUnavailable(String),
@@ -57,6 +59,7 @@ impl ServiceError {
             ServiceError::NotFound(_) => ErrorCode::NotFound,
             ServiceError::Conflict(_) => ErrorCode::Conflict,
             ServiceError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            ServiceError::CapacityExceeded(_) => ErrorCode::CapacityExceeded,
             ServiceError::VmmFailed(_) => ErrorCode::VmmFailed,
             ServiceError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             ServiceError::Guest(_) => ErrorCode::GuestError,
