@@ -100,6 +100,8 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         ready_timeout,
     };
     let svc = Sandboxes::new(db, vmm, info, settings);
+    // Installed before recovery so that what recovery does is counted.
+    let metrics = metrics::install();
     adopt::recover(&svc).await.context("recovering sandboxes")?;
     tokio::spawn(reaper::reaper(svc.clone()));
     tokio::spawn(reaper::watcher(svc.clone()));
