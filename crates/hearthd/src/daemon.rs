@@ -116,7 +116,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     let state = AppState {
         sandboxes: svc,
         keys,
-        metrics: metrics::install(),
+        metrics,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut stopped = stop_rx.clone();
