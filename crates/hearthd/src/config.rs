@@ -29,7 +29,7 @@ pub struct Args {
     /// State directory: database, API key, per-sandbox files.
     #[arg(long, env = "HEARTH_DATA_DIR", default_value = "/var/lib/hearth")]
     pub data_dir: PathBuf,
-    /// Guest images (kernel, initramfs, rootfs/<template>.ext4). Default `<data-dir>/images`.
+    /// Guest images (kernel, initramfs, `rootfs/<template>.ext4`). Default `<data-dir>/images`.
     #[arg(long, env = "HEARTH_IMAGES")]
     pub images_dir: Option<PathBuf>,
     /// VMM backend.
