@@ -274,6 +274,11 @@ make_ext4() {
     mv -f "$file.tmp" "$file"
     ln -sfn "versions/$(basename "$file")" "$OUT/rootfs/$name.ext4.tmp"
     mv -fT "$OUT/rootfs/$name.ext4.tmp" "$OUT/rootfs/$name.ext4"
+    local old
+    old=$(find "$OUT/rootfs/versions" -maxdepth 1 -name "$name-*.ext4" ! -name "$(basename "$file")" -printf '%f ')
+    if [ -n "$old" ]; then
+        log "rootfs $name: older versions kept for the sandboxes whose disks they back: $old(delete when unused)"
+    fi
 }
 
 build_rootfs_minimal() {
