@@ -12,17 +12,32 @@ use libfuzzer_sys::fuzz_target;
 use tokio::io::AsyncWriteExt;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_time().build() else { return };
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    else {
+        return;
+    };
     rt.block_on(async {
         let (host, guest) = tokio::io::duplex(1 << 20);
         let (rd, mut wr) = tokio::io::split(guest);
         let mut reader = FrameReader::new(rd);
         let connect = tokio::spawn(AgentClient::connect(host, Duration::from_secs(5)));
-        let Ok(Some(Ok(f))) = reader.next().await else { return };
+        let Ok(Some(Ok(f))) = reader.next().await else {
+            return;
+        };
         let Ok(h) = f.parse::<HostMsg>() else { return };
-        let HostMsg::Hello { nonce, .. } = h.msg else { return };
-        let ok = GuestMsg::HelloOk { version: hearth_proto::PROTOCOL_VERSION, agent_version: "f".into(), nonce };
-        let Ok(frame) = encode(0, &ok, Bytes::new()) else { return };
+        let HostMsg::Hello { nonce, .. } = h.msg else {
+            return;
+        };
+        let ok = GuestMsg::HelloOk {
+            version: hearth_proto::PROTOCOL_VERSION,
+            agent_version: "f".into(),
+            nonce,
+        };
+        let Ok(frame) = encode(0, &ok, Bytes::new()) else {
+            return;
+        };
         if wr.write_all(&frame.to_vec()).await.is_err() {
             return;
         }

@@ -6,7 +6,9 @@ use hearth_proto::{GuestMsg, HostMsg};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&step, rest)) = data.split_first() else { return };
+    let Some((&step, rest)) = data.split_first() else {
+        return;
+    };
     let step = usize::from(step).max(1) * 7;
     let mut dec = FrameDecoder::new();
     for chunk in rest.chunks(step) {
