@@ -8,6 +8,8 @@
 //! - `io` (feature `io`): async [`io::FrameReader`], the [`io::Outbox`] + [`io::write_loop`] writer, and the
 //!   two halves of flow control, [`io::CreditWindow`] (sender) and [`io::RecvWindow`] (receiver).
 //! - `client` (feature `client`): [`client::AgentClient`], the host side used by the daemon.
+//! - `tests/`: codec, hostile-guest and in-test fuzz loops; `fuzz/` (its own workspace, nightly): cargo-fuzz
+//!   targets for the decoder and the client's reader; `examples/agent_cli.rs`: talk to an agent socket by hand.
 //!
 //! # Protocol summary
 //! - Every (re)connection starts with `Hello{version, nonce}` on stream 0, answered by `HelloOk` with the same
