@@ -1,0 +1,25 @@
+// hearth's TypeScript SDK: `Sandbox` (create/connect/list/kill), `sbx.commands`, `sbx.files`, typed errors.
+//
+// Layout: client.ts (connection settings, openapi-fetch transport, error mapping), sandbox.ts, commands.ts,
+// files.ts, sse.ts (event-stream reader), errors.ts; generated/openapi.ts is generated from docs/openapi.json.
+
+export { Sandbox } from "./sandbox.js";
+export type { SandboxInfo, SandboxOpts, SandboxListOpts, SandboxState } from "./sandbox.js";
+export { Commands, CommandHandle } from "./commands.js";
+export type { CommandOpts, ProcessInfo, WaitOpts } from "./commands.js";
+export { Files } from "./files.js";
+export type { EntryInfo, FileData, FileType, WriteEntry } from "./files.js";
+export { DEFAULT_URL } from "./client.js";
+export type { ConnectionOpts, RequestOpts } from "./client.js";
+export {
+  HearthError,
+  NotFoundError,
+  AuthenticationError,
+  InvalidArgumentError,
+  ConflictError,
+  CapacityError,
+  TimeoutError,
+  CommandExitError,
+} from "./errors.js";
+export type { CommandResult, ErrorCode } from "./errors.js";
+export type { paths, components } from "./generated/openapi.js";
