@@ -1,0 +1,345 @@
+//! [`HearthMcp`]: the MCP server handler. Every tool is one or two calls of [`hearth_client::Client`]; the
+//! answer is JSON (as text content and as `structuredContent`), a failure is a tool error (`isError: true`)
+//! whose JSON names the daemon's error code.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use futures::StreamExt;
+use hearth_api::{CommandEvent, CreateSandboxRequest, ErrorCode, FileKind, RunCommandRequest, SandboxState};
+use hearth_client::{Client, ListFilter};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use serde_json::{Value, json};
+
+use crate::args::{
+    CreateSandboxArgs, Encoding, ExecArgs, ListFilesArgs, ListSandboxesArgs, MAX_READ, ReadFileArgs, SandboxArgs,
+    SetTimeoutArgs, WriteFileArgs,
+};
+use crate::format::{self, Capped};
+
+/// What the server tells the agent about itself at initialisation.
+const INSTRUCTIONS: &str = "hearth runs sandboxes: small Linux virtual machines, each with its own kernel. \
+Create one with create_sandbox, then run shell commands in it with exec and move files with write_file, \
+read_file and list_files, always passing the sandbox_id that create_sandbox returned. A sandbox is destroyed \
+when its timeout expires (extend it with set_timeout) or by kill_sandbox; kill sandboxes you no longer need.";
+
+/// Where tool calls get their API client.
+#[derive(Clone)]
+enum Backend {
+    /// One client for every call (stdio: the user's `HEARTH_URL` and key).
+    Fixed(Client),
+    /// Embedded in the daemon: call the daemon at `base` with the `Authorization` key of the MCP request being
+    /// served (already checked by the daemon's auth layer). The last client is kept for the next call.
+    Forward {
+        base: String,
+        last: Arc<Mutex<Option<(String, Client)>>>,
+    },
+}
+
+/// The hearth MCP server. Cheap to clone.
+#[derive(Clone)]
+pub struct HearthMcp {
+    backend: Backend,
+    tool_router: ToolRouter<HearthMcp>,
+}
+
+impl std::fmt::Debug for HearthMcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match &self.backend {
+            Backend::Fixed(c) => format!("fixed {}", c.base_url()),
+            Backend::Forward { base, .. } => format!("forward to {base}"),
+        };
+        f.debug_struct("HearthMcp").field("backend", &mode).finish()
+    }
+}
+
+type ToolResult = Result<CallToolResult, ErrorData>;
+
+fn ok_json(v: Value) -> ToolResult {
+    Ok(CallToolResult::structured(v))
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+impl HearthMcp {
+    /// A server whose tools all use `client` (the stdio server of `hearth mcp`).
+    pub fn new(client: Client) -> Self {
+        HearthMcp {
+            backend: Backend::Fixed(client),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// A server for the daemon's `/mcp` endpoint: tools call the daemon at `base_url` with the API key of the
+    /// HTTP request that carried the tool call. Without such a request (not over HTTP) every call fails with
+    /// `unauthorized`.
+    pub fn forwarding(base_url: impl Into<String>) -> Self {
+        HearthMcp {
+            backend: Backend::Forward {
+                base: base_url.into(),
+                last: Arc::new(Mutex::new(None)),
+            },
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The client for the call being served, or the tool error saying why there is none.
+    fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, CallToolResult> {
+        let (base, last) = match &self.backend {
+            Backend::Fixed(c) => return Ok(c.clone()),
+            Backend::Forward { base, last } => (base, last),
+        };
+        let unauthorized = || {
+            CallToolResult::structured_error(json!({ "error": {
+                "code": ErrorCode::Unauthorized.as_str(),
+                "message": "the MCP request carried no API key (Authorization: Bearer <key>)",
+            }}))
+        };
+        let key = ctx
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim().to_owned())
+            .ok_or_else(unauthorized)?;
+        let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, c)) = last.as_ref()
+            && *k == key
+        {
+            return Ok(c.clone());
+        }
+        let client = Client::new(base, key.clone()).map_err(|e| format::api_error(&e))?;
+        *last = Some((key, client.clone()));
+        Ok(client)
+    }
+}
+
+/// Unwraps a `Result<_, CallToolResult>`: the error is the tool's answer.
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(r) => return Ok(r),
+        }
+    };
+}
+
+/// Unwraps an API call's result: the error becomes a tool error.
+macro_rules! api {
+    ($e:expr) => {
+        match $e.await {
+            Ok(v) => v,
+            Err(e) => return Ok(format::api_error(&e)),
+        }
+    };
+}
+
+#[tool_router]
+impl HearthMcp {
+    #[tool(description = "Create a sandbox (a Linux microVM) and wait until it runs; returns it, with the `id` \
+                          to pass as sandbox_id to the other tools. Booting takes a few seconds.")]
+    async fn create_sandbox(
+        &self,
+        Parameters(a): Parameters<CreateSandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let req = CreateSandboxRequest {
+            template: a.template,
+            vcpus: a.vcpus,
+            memory_mib: a.memory_mib,
+            timeout_s: a.timeout_s,
+            env: a.env,
+            metadata: a.metadata,
+        };
+        let sbx = api!(client.create_sandbox(&req));
+        ok_json(to_json(&sbx))
+    }
+
+    #[tool(description = "List sandboxes (id, state, template, shape, timestamps, metadata), optionally \
+                          filtered by state and metadata.")]
+    async fn list_sandboxes(
+        &self,
+        Parameters(a): Parameters<ListSandboxesArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let state = match a.state.as_deref() {
+            None => None,
+            Some(s) => Some(tri!(SandboxState::parse(s).ok_or_else(|| format::invalid_argument(format!(
+                "unknown state {s:?}: use creating, running, stopping or failed"
+            ))))),
+        };
+        let filter = ListFilter {
+            state,
+            metadata: a.metadata,
+        };
+        let list = api!(client.list_sandboxes(&filter));
+        ok_json(to_json(&list))
+    }
+
+    #[tool(description = "Show one sandbox: state, template, vCPUs, memory, creation time, when it will be \
+                          destroyed (end_at), metadata and, if it failed, why.")]
+    async fn sandbox_info(&self, Parameters(a): Parameters<SandboxArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let sbx = api!(client.get_sandbox(&a.sandbox_id));
+        ok_json(to_json(&sbx))
+    }
+
+    #[tool(description = "Run a shell command (`/bin/sh -c`) in a sandbox and wait for it; returns exit_code, \
+                          stdout and stderr. Each stream is cut after 64 KiB (with a note on how to get the \
+                          rest: redirect to a file and use read_file). Default timeout 60 s.")]
+    async fn exec(&self, Parameters(a): Parameters<ExecArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let req = RunCommandRequest {
+            cmd: Some(a.command),
+            env: a.env,
+            cwd: a.cwd,
+            timeout_s: a.timeout_s,
+            ..Default::default()
+        };
+        let mut events = client.run_command_stream(&a.sandbox_id, &req);
+        let (mut out, mut err) = (Capped::default(), Capped::default());
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(ev) => ev,
+                Err(e) => return Ok(format::api_error(&e)),
+            };
+            match event {
+                CommandEvent::Start { .. } => {}
+                CommandEvent::Stdout { data_b64 } | CommandEvent::Stderr { data_b64 } if data_b64.is_empty() => {}
+                CommandEvent::Stdout { data_b64 } => out.push(&tri!(decode(&data_b64))),
+                CommandEvent::Stderr { data_b64 } => err.push(&tri!(decode(&data_b64))),
+                CommandEvent::Exit {
+                    exit_code,
+                    signal,
+                    timed_out,
+                } => return ok_json(format::exec_result(exit_code, signal, timed_out, &out, &err)),
+                CommandEvent::Error { code, message } => {
+                    return Ok(CallToolResult::structured_error(json!({
+                        "error": { "code": code.as_str(), "message": message },
+                        "stdout": out.text(),
+                        "stderr": err.text(),
+                    })));
+                }
+            }
+        }
+        Ok(CallToolResult::structured_error(json!({ "error": {
+            "code": ErrorCode::AgentUnavailable.as_str(),
+            "message": "the command's output ended without an exit status (the sandbox may have stopped)",
+        }})))
+    }
+
+    #[tool(description = "Read a file from a sandbox. UTF-8 text comes back as text; other content as base64 \
+                          (with a note). Reads at most 256 KiB per call: use offset/length (the result gives \
+                          next_offset) for larger files.")]
+    async fn read_file(&self, Parameters(a): Parameters<ReadFileArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let offset = a.offset.unwrap_or(0);
+        let length = a.length.unwrap_or(MAX_READ);
+        if length > MAX_READ {
+            return Ok(format::invalid_argument(format!(
+                "length {length} is over the limit of {MAX_READ} bytes per call; read in pieces with offset"
+            )));
+        }
+        let info = api!(client.stat(&a.sandbox_id, &a.path));
+        if info.kind == FileKind::Dir {
+            return Ok(format::invalid_argument(format!(
+                "{} is a directory: use list_files",
+                a.path
+            )));
+        }
+        let mut data = Vec::new();
+        if offset < info.size && length > 0 {
+            let mut stream = api!(client.download_stream(&a.sandbox_id, &a.path));
+            let (mut skip, want) = (offset, length as usize);
+            while let Some(chunk) = stream.next().await {
+                let chunk = match chunk {
+                    Ok(c) => c,
+                    Err(e) => return Ok(format::api_error(&e)),
+                };
+                let mut chunk = &chunk[..];
+                let drop = skip.min(chunk.len() as u64) as usize;
+                chunk = &chunk[drop..];
+                skip -= drop as u64;
+                let take = (want - data.len()).min(chunk.len());
+                data.extend_from_slice(&chunk[..take]);
+                if data.len() == want {
+                    break;
+                }
+            }
+        }
+        ok_json(format::file_content(&a.path, offset, &data, info.size))
+    }
+
+    #[tool(description = "Write a file in a sandbox (created or replaced; missing parent directories are \
+                          created). content is text, or base64 with encoding \"base64\".")]
+    async fn write_file(&self, Parameters(a): Parameters<WriteFileArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let data = match a.encoding {
+            Encoding::Text => a.content.into_bytes(),
+            Encoding::Base64 => tri!(
+                base64::engine::general_purpose::STANDARD
+                    .decode(a.content.trim())
+                    .map_err(|e| format::invalid_argument(format!("content is not valid base64: {e}")))
+            ),
+        };
+        let first = client.write_file(&a.sandbox_id, &a.path, data.clone()).await;
+        let info = match first {
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => {
+                // Either the sandbox or the parent directory is missing; creating the parent tells which.
+                let parent = Path::new(&a.path).parent().and_then(|p| p.to_str()).unwrap_or("/");
+                api!(client.mkdir(&a.sandbox_id, parent, true));
+                api!(client.write_file(&a.sandbox_id, &a.path, data))
+            }
+            other => api!(async { other }),
+        };
+        ok_json(to_json(&info))
+    }
+
+    #[tool(description = "List a directory in a sandbox: name, kind (file, dir, symlink, other), size, mode \
+                          and mtime of each entry.")]
+    async fn list_files(&self, Parameters(a): Parameters<ListFilesArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let path = a.path.unwrap_or_else(|| "/root".to_owned());
+        let list = api!(client.list_dir(&a.sandbox_id, &path));
+        ok_json(json!({ "path": path, "entries": to_json(&list.entries) }))
+    }
+
+    #[tool(description = "Destroy a sandbox now: its VM is stopped and everything in it is lost.")]
+    async fn kill_sandbox(&self, Parameters(a): Parameters<SandboxArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        api!(client.delete_sandbox(&a.sandbox_id));
+        ok_json(json!({ "killed": a.sandbox_id }))
+    }
+
+    #[tool(description = "Set a sandbox's timeout: it will be destroyed timeout_s seconds from now. Returns the \
+                          sandbox with its new end_at.")]
+    async fn set_timeout(&self, Parameters(a): Parameters<SetTimeoutArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let sbx = api!(client.set_timeout(&a.sandbox_id, a.timeout_s));
+        ok_json(to_json(&sbx))
+    }
+}
+
+fn decode(data_b64: &str) -> Result<Vec<u8>, CallToolResult> {
+    hearth_client::decode_output(data_b64).map_err(|e| format::api_error(&e))
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for HearthMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("hearth", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+}
