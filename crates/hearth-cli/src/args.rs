@@ -81,6 +81,9 @@ pub enum Command {
     Doctor,
     /// Print a shell completion script.
     Completions { shell: clap_complete::Shell },
+    /// Serve hearth's tools to an AI agent over MCP on stdin/stdout (uses --url and the API key like every
+    /// command; see docs/mcp.md).
+    Mcp,
 }
 
 #[derive(Debug, Args)]

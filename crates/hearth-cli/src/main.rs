@@ -106,6 +106,7 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Files(f) => cmd::files::files(ctx, f).await,
         Command::System => cmd::system::system(ctx).await,
         Command::Doctor => cmd::system::doctor(ctx).await,
+        Command::Mcp => cmd::mcp::serve(ctx).await,
         Command::Completions { shell } => {
             let mut command = Cli::command();
             let mut stdout = std::io::stdout();

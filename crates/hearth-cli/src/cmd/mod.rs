@@ -2,5 +2,6 @@
 
 pub mod exec;
 pub mod files;
+pub mod mcp;
 pub mod sandbox;
 pub mod system;
