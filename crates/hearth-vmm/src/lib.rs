@@ -113,6 +113,38 @@ pub enum VmmError {
     Disk { path: PathBuf, detail: String },
     #[error("io error on {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// The driver does not implement this operation.
+    #[error("{operation} is not supported by the {vmm} driver")]
+    Unsupported { vmm: String, operation: String },
+    /// A snapshot directory is missing files, or they do not match what the restore needs.
+    #[error("snapshot {path}: {detail}")]
+    Snapshot { path: PathBuf, detail: String },
+}
+
+/// How [`Vmm::snapshot`] treats the running VM.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotMode {
+    /// Pause to zero: after the state is saved the VMM process exits; the VM's disk stays where it is
+    /// (resume attaches the same disk).
+    Pause,
+    /// Checkpoint: the VM is stopped only while its state (and a copy of its disk) is captured, then continues.
+    Checkpoint,
+}
+
+/// What a driver wrote into a snapshot directory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SnapshotInfo {
+    pub kind: VmmKind,
+    /// VMM version that wrote the snapshot (a restore with another version may be refused).
+    pub vmm_version: String,
+    /// Files in the snapshot directory, relative names (memory, device state, disk copy for checkpoints).
+    pub files: Vec<String>,
+    /// For [`SnapshotMode::Checkpoint`]: the relative name of the disk copy taken while the VM was stopped.
+    pub disk: Option<String>,
+    /// Guest memory size and vCPUs the snapshot needs (a restore must use the same shape).
+    pub memory_mib: u32,
+    pub vcpus: u32,
 }
 
 /// The operations every VMM driver provides.
@@ -146,6 +178,41 @@ pub trait Vmm: Send + Sync {
 
     /// True when the VM process recorded in `vm` still runs (same pid, same start time, our binary).
     fn is_alive(&self, vm: &VmHandle) -> bool;
+
+    /// Saves the VM's full running state (memory and device state) into `dest`, a fresh empty directory, and
+    /// fsyncs every file written. `disk` is the VM's current disk ([`VmSpec::disk`]); with
+    /// [`SnapshotMode::Checkpoint`] the driver copies it into `dest` while the VM is stopped, so memory and
+    /// disk are consistent. The caller flushes the guest's file systems (agent `sync`) first.
+    async fn snapshot(
+        &self,
+        vm: &VmHandle,
+        disk: &std::path::Path,
+        dest: &std::path::Path,
+        mode: SnapshotMode,
+    ) -> Result<SnapshotInfo, VmmError> {
+        let _ = (vm, disk, dest, mode);
+        Err(VmmError::Unsupported {
+            vmm: self.kind().as_str().to_owned(),
+            operation: "snapshot".to_owned(),
+        })
+    }
+
+    /// Starts a fresh VMM process from the snapshot in `snapshot` with `spec.disk` attached (the daemon
+    /// prepares it: the sandbox's own disk for a resume, a new copy-on-write disk over the snapshot's disk copy
+    /// for a fork or template). Never modifies the files in `snapshot`: several VMs may restore from one
+    /// snapshot at once. Returns once the VM runs again.
+    async fn restore(
+        &self,
+        spec: &VmSpec,
+        snapshot: &std::path::Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        let _ = (spec, snapshot, info);
+        Err(VmmError::Unsupported {
+            vmm: self.kind().as_str().to_owned(),
+            operation: "restore".to_owned(),
+        })
+    }
 }
 
 /// Reads the start time (clock ticks since boot) of a process, for pid-reuse checks.
