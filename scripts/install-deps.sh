@@ -32,6 +32,10 @@ for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# Node.js and npm for the TypeScript SDK's tests (sdk/typescript/test.sh), from Debian when no node is installed.
+if ! command -v node >/dev/null 2>&1; then
+  apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
 if ! qemu-system-x86_64 --version 2>/dev/null | grep -q 'version 10'; then
   apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 qemu-utils >/dev/null
 fi

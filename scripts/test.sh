@@ -25,3 +25,4 @@ log "tests"
 # Real-VM tests boot QEMU guests under TCG; nextest's config (.config/nextest.toml) bounds how many run at once.
 cargo nextest run --workspace --locked --no-fail-fast
 cargo test --workspace --locked --doc -q
+log "TypeScript SDK"; cargo build -p hearthd --locked -q; bash sdk/typescript/test.sh
