@@ -116,9 +116,26 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(state))
+    let mcp_stop = tokio_util::sync::CancellationToken::new();
+    let router = app(state.clone()).merge(mcp(state, listener.local_addr()?, mcp_stop.clone()));
+    let shutdown = async move {
+        shutdown.await;
+        // Open MCP sessions and streams would otherwise hold the graceful shutdown up.
+        mcp_stop.cancel();
+    };
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// `/mcp`: the MCP server over streamable HTTP (crate hearth-mcp), behind the same key check as `/v1`. Its
+/// tools call this daemon's API at `addr` over loopback, forwarding the caller's key.
+fn mcp(state: AppState, addr: std::net::SocketAddr, stop: tokio_util::sync::CancellationToken) -> Router {
+    let service = hearth_mcp::http_service(&hearth_mcp::loopback_url(addr), stop);
+    Router::new()
+        .nest_service("/mcp", service)
+        .route_layer(middleware::from_fn_with_state(state, require_key))
+        .route_layer(middleware::from_fn(count_requests))
 }
 
 /// Rejects `/v1` requests without the right `Authorization: Bearer <key>`.
