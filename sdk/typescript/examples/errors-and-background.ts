@@ -19,7 +19,8 @@ try {
   // Any call can be cancelled with an AbortSignal.
   const ac = new AbortController();
   setTimeout(() => ac.abort(), 1000);
-  await sbx.commands.run("sleep 60", { signal: ac.signal }).catch((err: Error) => console.log(`cancelled: ${err.name}`));
+  const slow = sbx.commands.run("sleep 60", { signal: ac.signal });
+  await slow.catch((err: Error) => console.log(`cancelled: ${err.name}`));
 } finally {
   await sbx.kill();
 }

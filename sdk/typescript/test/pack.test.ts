@@ -1,6 +1,6 @@
 // The package as a user gets it: `npm pack` (of the dist/ built by `npm test`; `--ignore-scripts` so the
-// prepack build does not rewrite dist/ under the other test files), install the tarball into an empty folder (its one dependency comes
-// from the registry), and run a plain script from there against a real daemon.
+// prepack build does not rewrite dist/ under the other test files), install the tarball into an empty folder
+// (its one dependency comes from the registry), and run a plain script from there against a real daemon.
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -34,7 +34,8 @@ test("npm pack, install the tarball into an empty project, run a script against 
   const tarballs = join(work, "tarballs");
   const project = join(work, "project");
   sh("mkdir", ["-p", tarballs, project], work);
-  const packed = JSON.parse(sh("npm", ["pack", "--json", "--ignore-scripts", "--pack-destination", tarballs], PACKAGE_DIR)) as {
+  const packArgs = ["pack", "--json", "--ignore-scripts", "--pack-destination", tarballs];
+  const packed = JSON.parse(sh("npm", packArgs, PACKAGE_DIR)) as {
     filename: string;
     files: { path: string }[];
   }[];
