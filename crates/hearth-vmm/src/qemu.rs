@@ -27,11 +27,18 @@
 //! exits first its stderr is the error), attaches the console reader, then sends `cont`, so no console output
 //! is lost.
 //!
-//! Pause/resume later: guest RAM moves to a `memory-backend-file` in [`QemuVmm::command_line`], and the
-//! snapshot itself is QMP `stop` + `migrate` to a file through [`qmp::Qmp::execute`].
+//! Pause/resume (to come): QEMU cannot open host files once it is chrooted and unprivileged, so the daemon
+//! opens the state file and hands it over with [`qmp::Qmp::send_fd`]; then `stop`, `migrate` to `fd:<name>`,
+//! [`qmp::Qmp::wait_migration`] (the real-VM test does exactly this and `cont`s afterwards). QEMU 10 warns that
+//! `fd:` on a regular file is deprecated in favour of `add-fd` + `file:/dev/fdset/<n>`. A guest-RAM
+//! `memory-backend-file` for instant resume would be added in [`QemuVmm::command_line`] (its file is opened at
+//! start, before the chroot).
 
 pub mod console;
 pub mod qmp;
+mod tsc;
+
+pub use tsc::host_tsc_khz;
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -40,7 +47,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -192,11 +199,12 @@ impl QemuVmm {
             path_str(&spec.images.initramfs).map_err(bad)?,
             "-append".into(),
             append,
-            // Root disk: the sandbox's own qcow2 overlay.
+            // Root disk: the sandbox's own qcow2 overlay, named relative to the run directory (QEMU's working
+            // directory, and its root once chrooted) because QEMU reopens it by name around migration.
             "-drive".into(),
             format!(
                 "if=none,id=root,file={},format=qcow2,discard=unmap",
-                opt(&spec.disk)?
+                opt(&disk_arg(spec))?
             ),
             "-device".into(),
             "virtio-blk-device,drive=root".into(),
@@ -304,6 +312,25 @@ impl QemuVmm {
 }
 
 impl QemuVmm {
+    /// Lets the VM's own uid reach what it reopens after the privilege drop: the run directory (its chroot)
+    /// becomes searchable (0711, not listable) and the sandbox disk becomes the VM uid's (0600).
+    fn prepare_unprivileged(&self, spec: &VmSpec) -> Result<(), VmmError> {
+        use std::os::unix::fs::PermissionsExt;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| VmmError::Io { path, source }
+        };
+        let id = nix::unistd::Uid::from_raw(vm_uid(&spec.id));
+        let gid = nix::unistd::Gid::from_raw(vm_uid(&spec.id));
+        std::fs::set_permissions(&spec.run_dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(io(&spec.run_dir))?;
+        nix::unistd::chown(&spec.disk, Some(id), Some(gid))
+            .map_err(|e| io(&spec.disk)(std::io::Error::from(e)))?;
+        std::fs::set_permissions(&spec.disk, std::fs::Permissions::from_mode(0o600))
+            .map_err(io(&spec.disk))?;
+        Ok(())
+    }
+
     /// Attaches the console reader to a VM started with `-S`, then lets its CPUs run.
     async fn resume_with_console(&self, vm: &VmHandle, mut q: Qmp) -> Result<(), String> {
         self.attach_console(vm).map_err(|e| format!("console: {e}"))?;
@@ -420,8 +447,12 @@ impl Vmm for QemuVmm {
             path: files.qemu_log.clone(),
             source: e,
         })?;
+        if self.drop_privileges {
+            self.prepare_unprivileged(spec)?;
+        }
         let mut cmd = std::process::Command::new(&self.binary);
         cmd.args(&args)
+            .current_dir(&spec.run_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2));
@@ -575,6 +606,15 @@ pub fn vm_uid(id: &str) -> u32 {
     VM_UID_BASE + (h & 0x0fff_ffff) as u32
 }
 
+/// The disk as QEMU names it: relative to the run directory when it lives there (QEMU runs in, and chroots
+/// into, that directory), else absolute (then a chrooted QEMU cannot reopen it, which migration needs).
+fn disk_arg(spec: &VmSpec) -> PathBuf {
+    match (spec.disk.parent(), spec.disk.file_name()) {
+        (Some(dir), Some(name)) if dir == spec.run_dir => PathBuf::from(name),
+        _ => spec.disk.clone(),
+    }
+}
+
 /// Process state letter (`R`, `S`, `Z`, ...) from `/proc/<pid>/stat`.
 fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -615,62 +655,6 @@ fn log_tail(path: &Path) -> String {
     } else {
         text
     }
-}
-
-/// The host's TSC frequency in kHz, from the kernel log (`tsc: Refined TSC clocksource calibration` or
-/// `tsc: Detected X MHz`) or else `/proc/cpuinfo`. Read once.
-pub fn host_tsc_khz() -> Option<u64> {
-    static KHZ: OnceLock<Option<u64>> = OnceLock::new();
-    *KHZ.get_or_init(|| {
-        tsc_from_kmsg().or_else(|| {
-            let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-            info.lines()
-                .find(|l| l.starts_with("cpu MHz"))
-                .and_then(|l| l.split(':').nth(1))
-                .and_then(mhz_to_khz)
-        })
-    })
-}
-
-fn tsc_from_kmsg() -> Option<u64> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open("/dev/kmsg")
-        .ok()?;
-    let (mut detected, mut refined) = (None, None);
-    let mut buf = vec![0u8; 8192];
-    // One record per read; EAGAIN at the end of the buffer; EPIPE when a record was overwritten (go on).
-    for _ in 0..100_000 {
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                let rec = String::from_utf8_lossy(&buf[..n]);
-                let msg = rec.split_once(';').map(|(_, m)| m).unwrap_or(&rec);
-                if let Some(rest) = msg.strip_prefix("tsc: Refined TSC clocksource calibration: ") {
-                    refined = rest.split_whitespace().next().and_then(mhz_to_khz);
-                } else if let Some(rest) = msg.strip_prefix("tsc: Detected ") {
-                    detected = rest.split_whitespace().next().and_then(mhz_to_khz);
-                }
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-            Err(_) => break,
-        }
-    }
-    refined.or(detected)
-}
-
-/// "2445.406" (MHz) -> 2445406 (kHz).
-fn mhz_to_khz(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
-    let mut frac: String = frac.chars().take(3).collect();
-    while frac.len() < 3 {
-        frac.push('0');
-    }
-    let khz = int.parse::<u64>().ok()?.checked_mul(1000)? + frac.parse::<u64>().ok()?;
-    (khz > 0).then_some(khz)
 }
 
 #[cfg(test)]
@@ -715,7 +699,7 @@ mod tests {
         assert!(joined.contains("-accel tcg -cpu max -smp 2 -m 256"), "{joined}");
         assert!(joined.contains("virtserialport,chardev=agent,name=hearth.agent"));
         assert!(joined.contains("socket,id=agent,path=/run/h/sbx/agent.sock,server=on,wait=off"));
-        assert!(joined.contains("file=/run/h/sbx/disk.qcow2,format=qcow2"));
+        assert!(joined.contains("file=disk.qcow2,format=qcow2"), "{joined}");
         assert!(joined.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny"));
         assert!(!a.iter().any(|x| x == "-daemonize" || x == "-run-with"));
         let dropped = vmm.clone().with_drop_privileges(true);
@@ -776,18 +760,6 @@ mod tests {
         assert!(
             many.iter()
                 .all(|u| (VM_UID_BASE..VM_UID_BASE + 0x1000_0000).contains(u))
-        );
-    }
-
-    #[test]
-    fn mhz_parsing() {
-        assert_eq!(mhz_to_khz("2445.406"), Some(2_445_406));
-        assert_eq!(mhz_to_khz(" 3000"), Some(3_000_000));
-        assert_eq!(mhz_to_khz("1999.9"), Some(1_999_900));
-        assert_eq!(mhz_to_khz("x"), None);
-        assert!(
-            host_tsc_khz().is_some_and(|k| k > 100_000),
-            "host TSC frequency not found"
         );
     }
 

@@ -7,12 +7,26 @@
 //!
 //! QEMU runs next to a hostile guest, so its answers are read with a line-length bound.
 
+use std::io::IoSlice;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::Path;
 
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+fn request_line(command: &str, arguments: Option<Value>) -> String {
+    let mut request = json!({ "execute": command });
+    if let Some(args) = arguments {
+        request["arguments"] = args;
+    }
+    let mut line = request.to_string();
+    line.push('\n');
+    line
+}
 
 /// Longest QMP line accepted (QEMU's answers to our commands are far smaller).
 const MAX_LINE: u64 = 1024 * 1024;
@@ -60,13 +74,66 @@ impl Qmp {
 
     /// Runs one command and returns its `return` value.
     pub async fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
-        let mut request = json!({ "execute": command });
-        if let Some(args) = arguments {
-            request["arguments"] = args;
-        }
-        let mut line = request.to_string();
-        line.push('\n');
+        let line = request_line(command, arguments);
         self.writer.write_all(line.as_bytes()).await?;
+        self.read_reply(command).await
+    }
+
+    /// Hands QEMU an open file descriptor under `name` (`getfd`, the descriptor travels as SCM_RIGHTS with the
+    /// command). QEMU may be chrooted and unprivileged, so files it must write later (a migration stream for
+    /// pause, say) are opened by the daemon and passed this way; commands then name them as `fd:<name>`.
+    pub async fn send_fd(&mut self, name: &str, fd: BorrowedFd<'_>) -> Result<(), QmpError> {
+        let line = request_line("getfd", Some(json!({ "fdname": name })));
+        let stream: &UnixStream = self.writer.as_ref();
+        let sent = loop {
+            stream.writable().await?;
+            let attempt = stream.try_io(Interest::WRITABLE, || {
+                let fds = [fd.as_raw_fd()];
+                let cmsg = [ControlMessage::ScmRights(&fds)];
+                let iov = [IoSlice::new(line.as_bytes())];
+                sendmsg::<()>(stream.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+                    .map_err(std::io::Error::from)
+            });
+            match attempt {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        // The descriptor went with the first byte; the rest of the line (rarely any) follows normally.
+        self.writer.write_all(&line.as_bytes()[sent..]).await?;
+        self.read_reply("getfd").await.map(drop)
+    }
+
+    /// Polls `query-migrate` until the migration completes; fails on `failed`/`cancelled` or after `within`.
+    pub async fn wait_migration(&mut self, within: std::time::Duration) -> Result<(), QmpError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let info = self.execute("query-migrate", None).await?;
+            match info.get("status").and_then(Value::as_str) {
+                Some("completed") => return Ok(()),
+                Some(s @ ("failed" | "cancelled")) => {
+                    let why = info
+                        .get("error-desc")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no reason given");
+                    return Err(QmpError::Command {
+                        command: "migrate".to_string(),
+                        class: s.to_string(),
+                        desc: why.to_string(),
+                    });
+                }
+                _ if tokio::time::Instant::now() >= deadline => {
+                    return Err(QmpError::Protocol(format!(
+                        "migration not done after {within:?}: {info}"
+                    )));
+                }
+                _ => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    async fn read_reply(&mut self, command: &str) -> Result<Value, QmpError> {
         loop {
             let msg = self.read_message().await?;
             if msg.get("event").is_some() {
