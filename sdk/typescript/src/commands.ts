@@ -217,7 +217,9 @@ export class Commands {
       }
       return new CommandHandle(this.conn, this.sandboxId, pid);
     }
-    if (opts.onStdout || opts.onStderr) return checkResult(await this.stream(body, opts));
+    // Streaming also tells the pid, so that a cancelled or timed-out call can kill its command.
+    const cancellable = this.conn.signal(opts) !== undefined;
+    if (opts.onStdout || opts.onStderr || cancellable) return checkResult(await this.stream(body, opts));
     const { data } = await this.conn.call(opts, (signal) =>
       this.conn.api.POST("/v1/sandboxes/{id}/commands", {
         params: { path: { id: this.sandboxId } },
@@ -228,7 +230,10 @@ export class Commands {
     return checkResult(toResult(data as Schemas["CommandResult"]));
   }
 
-  /** Runs a command over the SSE route, calling back per chunk and collecting the whole output. */
+  /**
+   * Runs a command over the SSE route, calling back per chunk and collecting the whole output. When the call is
+   * aborted or its request timeout expires after the command started, the command is killed (SIGKILL).
+   */
   private async stream(body: Schemas["RunCommandRequest"], opts: CommandOpts): Promise<CommandResult> {
     const { data: events } = await this.conn.call(opts, (signal) =>
       this.conn.api.POST("/v1/sandboxes/{id}/commands", {
@@ -243,6 +248,7 @@ export class Commands {
     const out = { stdout: new TextDecoder(), stderr: new TextDecoder() };
     let stdout = "";
     let stderr = "";
+    let pid: number | undefined;
     try {
       for await (const ev of readEvents(events)) {
         const msg = JSON.parse(ev.data) as Schemas["CommandEvent"];
@@ -273,14 +279,22 @@ export class Commands {
               truncated: false,
             };
           }
+          case "start":
+            pid = msg.pid;
+            break;
           case "error":
             throw errorFromCode(msg.code, msg.message);
           default:
-            break; // `start`, and event kinds newer than this SDK
+            break; // event kinds newer than this SDK
         }
       }
     } catch (err) {
-      throw this.conn.transportError(err, opts);
+      const mapped = this.conn.transportError(err, opts);
+      const cancelled = opts.signal?.aborted || mapped instanceof TimeoutError;
+      if (cancelled && pid !== undefined) {
+        await killProcess(this.conn, this.sandboxId, pid, { requestTimeoutMs: 10_000 }).catch(() => undefined);
+      }
+      throw mapped;
     }
     throw new HearthError("protocol", "the event stream ended before the command exited");
   }

@@ -220,14 +220,14 @@ describe("commands", () => {
     );
   });
 
-  test("AbortSignal cancels buffered and streamed commands; requestTimeoutMs gives TimeoutError", async () => {
+  test("AbortSignal cancels commands and kills them in the guest; requestTimeoutMs gives TimeoutError", async () => {
     const ac = new AbortController();
     setTimeout(() => ac.abort(), 500);
-    await rejectsAborted(sbx.commands.run("sleep 30", { signal: ac.signal }), 5000);
+    await rejectsAborted(sbx.commands.run("sleep 31", { signal: ac.signal }), 5000);
 
     const ac2 = new AbortController();
     const seen: string[] = [];
-    const streamed = sbx.commands.run("echo first; sleep 30", {
+    const streamed = sbx.commands.run("echo first; sleep 32", {
       signal: ac2.signal,
       onStdout: (t) => {
         seen.push(t);
@@ -238,9 +238,25 @@ describe("commands", () => {
     assert.deepEqual(seen, ["first\n"]);
 
     await rejectsAborted(sbx.getInfo({ signal: AbortSignal.abort() }), 1000);
-    await assert.rejects(sbx.commands.run("sleep 30", { requestTimeoutMs: 500 }), TimeoutError);
-    // The sandbox still answers after the cancelled requests.
-    assert.equal((await sbx.commands.run("echo alive")).stdout, "alive\n");
+    await assert.rejects(sbx.commands.run("sleep 33", { requestTimeoutMs: 500 }), TimeoutError);
+
+    // The cancelled commands do not keep running in the guest.
+    const deadline = Date.now() + 10_000;
+    let left = "";
+    do {
+      const ps = await sbx.commands.run("ps -o args");
+      left = ps.stdout
+        .split("\n")
+        .filter((l) => /^sleep 3[123]$/.test(l.trim()))
+        .join(", ");
+      if (!left) break;
+      await new Promise((r) => setTimeout(r, 200));
+    } while (Date.now() < deadline);
+    assert.equal(left, "", "cancelled commands still run");
+    const listed = await sbx.commands.list();
+    for (const p of listed.filter((p) => /^sleep 3[123]$/.test(p.cmd))) {
+      assert.equal(p.exitCode, 137, `${p.cmd} did not end by SIGKILL: ${JSON.stringify(p)}`);
+    }
   });
 });
 
