@@ -52,6 +52,11 @@ export class Connection {
     return { url: this.url, apiKey: this.apiKey, requestTimeoutMs: this.requestTimeoutMs };
   }
 
+  /** Whether a call with these options can be cancelled (by its signal or a request timeout). */
+  cancellable(opts: RequestOpts = {}): boolean {
+    return opts.signal !== undefined || (opts.requestTimeoutMs ?? this.requestTimeoutMs ?? 0) > 0;
+  }
+
   /** The signal for one request: the caller's, combined with the request timeout if there is one. */
   signal(opts: RequestOpts = {}): AbortSignal | undefined {
     const ms = opts.requestTimeoutMs ?? this.requestTimeoutMs;

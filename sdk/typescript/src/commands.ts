@@ -218,8 +218,7 @@ export class Commands {
       return new CommandHandle(this.conn, this.sandboxId, pid);
     }
     // Streaming also tells the pid, so that a cancelled or timed-out call can kill its command.
-    const cancellable = this.conn.signal(opts) !== undefined;
-    if (opts.onStdout || opts.onStderr || cancellable) return checkResult(await this.stream(body, opts));
+    if (opts.onStdout || opts.onStderr || this.conn.cancellable(opts)) return checkResult(await this.stream(body, opts));
     const { data } = await this.conn.call(opts, (signal) =>
       this.conn.api.POST("/v1/sandboxes/{id}/commands", {
         params: { path: { id: this.sandboxId } },
