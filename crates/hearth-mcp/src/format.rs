@@ -52,7 +52,13 @@ pub fn utf8_prefix_len(bytes: &[u8]) -> usize {
 }
 
 /// The `exec` result: exit status, both streams, and a note per truncated stream saying how to get all of it.
-pub fn exec_result(exit_code: i32, signal: Option<i32>, timed_out: bool, out: &Capped, err: &Capped) -> Value {
+pub fn exec_result(
+    exit_code: i32,
+    signal: Option<i32>,
+    timed_out: bool,
+    out: &Capped,
+    err: &Capped,
+) -> Value {
     let mut v = json!({
         "exit_code": exit_code,
         "stdout": out.text(),
@@ -73,7 +79,7 @@ pub fn exec_result(exit_code: i32, signal: Option<i32>, timed_out: bool, out: &C
                  {name} redirected to a file (e.g. `cmd > /tmp/out.txt 2>&1`) and read that file with read_file \
                  (offset/length), or filter it (grep, tail).",
                 s.total(),
-                s.kept.len(),
+                utf8_prefix_len(&s.kept),
             ));
         }
     }
@@ -91,7 +97,9 @@ pub fn file_content(path: &str, offset: u64, data: &[u8], size: u64) -> Value {
         _ => {
             // A text file read in pieces may end in the middle of a character: keep it text, stop before it.
             let prefix = utf8_prefix_len(data);
-            let text = std::str::from_utf8(&data[..prefix]).ok().filter(|t| !t.contains('\0'));
+            let text = std::str::from_utf8(&data[..prefix])
+                .ok()
+                .filter(|t| !t.contains('\0'));
             match text {
                 Some(text) if prefix > 0 && data.len() - prefix < 4 => {
                     used = prefix;
@@ -123,7 +131,11 @@ pub fn file_content(path: &str, offset: u64, data: &[u8], size: u64) -> Value {
 /// A failed API call as a tool error an agent can act on: the stable code, the HTTP status and the message.
 pub fn api_error(err: &hearth_client::Error) -> CallToolResult {
     let body = match err {
-        hearth_client::Error::Api { status, code, message } => json!({
+        hearth_client::Error::Api {
+            status,
+            code,
+            message,
+        } => json!({
             "error": { "code": code.as_str(), "status": status, "message": message },
         }),
         other => {
@@ -165,7 +177,10 @@ mod tests {
         assert_eq!(c.text(), "a".repeat(MAX_STREAM - 1));
         let v = exec_result(0, None, false, &c, &Capped::default());
         let note = v["truncated"].as_str().unwrap();
-        assert!(note.contains("stdout was 65547 bytes"), "{note}");
+        assert!(
+            note.contains("stdout was 65546 bytes; only the first 65535 are shown"),
+            "{note}"
+        );
         assert!(note.contains("read_file"), "{note}");
         assert!(v.get("signal").is_none());
     }

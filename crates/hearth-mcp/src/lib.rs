@@ -79,7 +79,11 @@ pub fn http_service(
         .disable_allowed_hosts()
         .with_max_request_body_bytes(MAX_HTTP_BODY)
         .with_cancellation_token(shutdown);
-    StreamableHttpService::new(move || Ok(server.clone()), Arc::new(LocalSessionManager::default()), config)
+    StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
 }
 
 /// The URL at which this host reaches a server listening on `addr`: a wildcard address (`0.0.0.0`, `::`)

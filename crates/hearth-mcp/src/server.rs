@@ -17,8 +17,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router
 use serde_json::{Value, json};
 
 use crate::args::{
-    CreateSandboxArgs, Encoding, ExecArgs, ListFilesArgs, ListSandboxesArgs, MAX_READ, ReadFileArgs, SandboxArgs,
-    SetTimeoutArgs, WriteFileArgs,
+    CreateSandboxArgs, Encoding, ExecArgs, ListFilesArgs, ListSandboxesArgs, MAX_READ, ReadFileArgs,
+    SandboxArgs, SetTimeoutArgs, WriteFileArgs,
 };
 use crate::format::{self, Capped};
 
@@ -145,8 +145,10 @@ macro_rules! api {
 
 #[tool_router]
 impl HearthMcp {
-    #[tool(description = "Create a sandbox (a Linux microVM) and wait until it runs; returns it, with the `id` \
-                          to pass as sandbox_id to the other tools. Booting takes a few seconds.")]
+    #[tool(
+        description = "Create a sandbox (a Linux microVM) and wait until it runs; returns it, with the `id` \
+                          to pass as sandbox_id to the other tools. Booting takes a few seconds."
+    )]
     async fn create_sandbox(
         &self,
         Parameters(a): Parameters<CreateSandboxArgs>,
@@ -160,13 +162,16 @@ impl HearthMcp {
             timeout_s: a.timeout_s,
             env: a.env,
             metadata: a.metadata,
+            ..Default::default()
         };
         let sbx = api!(client.create_sandbox(&req));
         ok_json(to_json(&sbx))
     }
 
-    #[tool(description = "List sandboxes (id, state, template, shape, timestamps, metadata), optionally \
-                          filtered by state and metadata.")]
+    #[tool(
+        description = "List sandboxes (id, state, template, shape, timestamps, metadata), optionally \
+                          filtered by state and metadata."
+    )]
     async fn list_sandboxes(
         &self,
         Parameters(a): Parameters<ListSandboxesArgs>,
@@ -175,9 +180,11 @@ impl HearthMcp {
         let client = tri!(self.client(&ctx));
         let state = match a.state.as_deref() {
             None => None,
-            Some(s) => Some(tri!(SandboxState::parse(s).ok_or_else(|| format::invalid_argument(format!(
-                "unknown state {s:?}: use creating, running, stopping or failed"
-            ))))),
+            Some(s) => Some(tri!(SandboxState::parse(s).ok_or_else(|| {
+                format::invalid_argument(format!(
+                    "unknown state {s:?}: use creating, running, stopping or failed"
+                ))
+            }))),
         };
         let filter = ListFilter {
             state,
@@ -187,17 +194,25 @@ impl HearthMcp {
         ok_json(to_json(&list))
     }
 
-    #[tool(description = "Show one sandbox: state, template, vCPUs, memory, creation time, when it will be \
-                          destroyed (end_at), metadata and, if it failed, why.")]
-    async fn sandbox_info(&self, Parameters(a): Parameters<SandboxArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    #[tool(
+        description = "Show one sandbox: state, template, vCPUs, memory, creation time, when it will be \
+                          destroyed (end_at), metadata and, if it failed, why."
+    )]
+    async fn sandbox_info(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let client = tri!(self.client(&ctx));
         let sbx = api!(client.get_sandbox(&a.sandbox_id));
         ok_json(to_json(&sbx))
     }
 
-    #[tool(description = "Run a shell command (`/bin/sh -c`) in a sandbox and wait for it; returns exit_code, \
+    #[tool(
+        description = "Run a shell command (`/bin/sh -c`) in a sandbox and wait for it; returns exit_code, \
                           stdout and stderr. Each stream is cut after 64 KiB (with a note on how to get the \
-                          rest: redirect to a file and use read_file). Default timeout 60 s.")]
+                          rest: redirect to a file and use read_file). Default timeout 60 s."
+    )]
     async fn exec(&self, Parameters(a): Parameters<ExecArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
         let client = tri!(self.client(&ctx));
         let req = RunCommandRequest {
@@ -216,7 +231,8 @@ impl HearthMcp {
             };
             match event {
                 CommandEvent::Start { .. } => {}
-                CommandEvent::Stdout { data_b64 } | CommandEvent::Stderr { data_b64 } if data_b64.is_empty() => {}
+                CommandEvent::Stdout { data_b64 } | CommandEvent::Stderr { data_b64 }
+                    if data_b64.is_empty() => {}
                 CommandEvent::Stdout { data_b64 } => out.push(&tri!(decode(&data_b64))),
                 CommandEvent::Stderr { data_b64 } => err.push(&tri!(decode(&data_b64))),
                 CommandEvent::Exit {
@@ -239,10 +255,16 @@ impl HearthMcp {
         }})))
     }
 
-    #[tool(description = "Read a file from a sandbox. UTF-8 text comes back as text; other content as base64 \
+    #[tool(
+        description = "Read a file from a sandbox. UTF-8 text comes back as text; other content as base64 \
                           (with a note). Reads at most 256 KiB per call: use offset/length (the result gives \
-                          next_offset) for larger files.")]
-    async fn read_file(&self, Parameters(a): Parameters<ReadFileArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+                          next_offset) for larger files."
+    )]
+    async fn read_file(
+        &self,
+        Parameters(a): Parameters<ReadFileArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let client = tri!(self.client(&ctx));
         let offset = a.offset.unwrap_or(0);
         let length = a.length.unwrap_or(MAX_READ);
@@ -281,9 +303,15 @@ impl HearthMcp {
         ok_json(format::file_content(&a.path, offset, &data, info.size))
     }
 
-    #[tool(description = "Write a file in a sandbox (created or replaced; missing parent directories are \
-                          created). content is text, or base64 with encoding \"base64\".")]
-    async fn write_file(&self, Parameters(a): Parameters<WriteFileArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    #[tool(
+        description = "Write a file in a sandbox (created or replaced; missing parent directories are \
+                          created). content is text, or base64 with encoding \"base64\"."
+    )]
+    async fn write_file(
+        &self,
+        Parameters(a): Parameters<WriteFileArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let client = tri!(self.client(&ctx));
         let data = match a.encoding {
             Encoding::Text => a.content.into_bytes(),
@@ -297,7 +325,10 @@ impl HearthMcp {
         let info = match first {
             Err(e) if e.code() == Some(ErrorCode::NotFound) => {
                 // Either the sandbox or the parent directory is missing; creating the parent tells which.
-                let parent = Path::new(&a.path).parent().and_then(|p| p.to_str()).unwrap_or("/");
+                let parent = Path::new(&a.path)
+                    .parent()
+                    .and_then(|p| p.to_str())
+                    .unwrap_or("/");
                 api!(client.mkdir(&a.sandbox_id, parent, true));
                 api!(client.write_file(&a.sandbox_id, &a.path, data))
             }
@@ -306,9 +337,15 @@ impl HearthMcp {
         ok_json(to_json(&info))
     }
 
-    #[tool(description = "List a directory in a sandbox: name, kind (file, dir, symlink, other), size, mode \
-                          and mtime of each entry.")]
-    async fn list_files(&self, Parameters(a): Parameters<ListFilesArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    #[tool(
+        description = "List a directory in a sandbox: name, kind (file, dir, symlink, other), size, mode \
+                          and mtime of each entry."
+    )]
+    async fn list_files(
+        &self,
+        Parameters(a): Parameters<ListFilesArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let client = tri!(self.client(&ctx));
         let path = a.path.unwrap_or_else(|| "/root".to_owned());
         let list = api!(client.list_dir(&a.sandbox_id, &path));
@@ -316,15 +353,25 @@ impl HearthMcp {
     }
 
     #[tool(description = "Destroy a sandbox now: its VM is stopped and everything in it is lost.")]
-    async fn kill_sandbox(&self, Parameters(a): Parameters<SandboxArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn kill_sandbox(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let client = tri!(self.client(&ctx));
         api!(client.delete_sandbox(&a.sandbox_id));
         ok_json(json!({ "killed": a.sandbox_id }))
     }
 
-    #[tool(description = "Set a sandbox's timeout: it will be destroyed timeout_s seconds from now. Returns the \
-                          sandbox with its new end_at.")]
-    async fn set_timeout(&self, Parameters(a): Parameters<SetTimeoutArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    #[tool(
+        description = "Set a sandbox's timeout: it will be destroyed timeout_s seconds from now. Returns the \
+                          sandbox with its new end_at."
+    )]
+    async fn set_timeout(
+        &self,
+        Parameters(a): Parameters<SetTimeoutArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let client = tri!(self.client(&ctx));
         let sbx = api!(client.set_timeout(&a.sandbox_id, a.timeout_s));
         ok_json(to_json(&sbx))
