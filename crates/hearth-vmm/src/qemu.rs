@@ -23,20 +23,26 @@
 //! filter before it changes uid, so the filter must allow set*id (`elevateprivileges=allow`); that grants
 //! nothing, because an unprivileged uid without capabilities cannot get root back, QEMU runs with
 //! `no_new_privs`, and `spawn=deny` forbids exec. A per-VM uid also keeps one compromised QEMU from signalling
-//! or reading another. QEMU starts paused (`-S`): `start` waits for QMP to answer (the machine is built; if QEMU
-//! exits first its stderr is the error), attaches the console reader, then sends `cont`, so no console output
-//! is lost.
+//! or reading another. For that the run directory becomes 0711 and the disk the VM uid's (QEMU reopens it by
+//! its name relative to the chroot around migration).
 //!
-//! Pause/resume (to come): QEMU cannot open host files once it is chrooted and unprivileged, so the daemon
-//! opens the state file and hands it over with [`qmp::Qmp::send_fd`]; then `stop`, `migrate` to `fd:<name>`,
-//! [`qmp::Qmp::wait_migration`] (the real-VM test does exactly this and `cont`s afterwards). QEMU 10 warns that
-//! `fd:` on a regular file is deprecated in favour of `add-fd` + `file:/dev/fdset/<n>`. A guest-RAM
-//! `memory-backend-file` for instant resume would be added in [`QemuVmm::command_line`] (its file is opened at
-//! start, before the chroot).
+//! Start (`launch.rs`): QEMU starts paused (`-S`); `start` waits for QMP to answer (the machine is built; if
+//! QEMU exits first its stderr is the error), attaches the console reader, then sends `cont`, so no console
+//! output is lost.
+//!
+//! Snapshots (`snapshot.rs`): QEMU cannot open host files once chrooted and unprivileged, so the driver opens
+//! the state file and hands it over with [`qmp::Qmp::send_fd`]; `stop`, `migrate` to `fd:<name>`, wait, then
+//! `cont` (checkpoint) or quit (pause). Restore starts QEMU with `-incoming defer` and loads the file the same
+//! way. (QEMU 10 warns that `fd:` on a regular file is deprecated in favour of `add-fd` +
+//! `file:/dev/fdset/<n>`.)
 
 pub mod console;
+mod launch;
 pub mod qmp;
+mod snapshot;
 mod tsc;
+
+use launch::Boot;
 
 pub use tsc::host_tsc_khz;
 
@@ -44,7 +50,6 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -54,7 +59,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::net::UnixStream;
 
-use crate::{Accel, VmHandle, VmSpec, Vmm, VmmError, VmmKind, process_start_ticks};
+use crate::{
+    Accel, SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind, process_start_ticks,
+};
 use qmp::Qmp;
 
 /// How long QEMU may take to build the machine and answer QMP.
@@ -311,37 +318,6 @@ impl QemuVmm {
     }
 }
 
-impl QemuVmm {
-    /// Lets the VM's own uid reach what it reopens after the privilege drop: the run directory (its chroot)
-    /// becomes searchable (0711, not listable) and the sandbox disk becomes the VM uid's (0600).
-    fn prepare_unprivileged(&self, spec: &VmSpec) -> Result<(), VmmError> {
-        use std::os::unix::fs::PermissionsExt;
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| VmmError::Io { path, source }
-        };
-        let id = nix::unistd::Uid::from_raw(vm_uid(&spec.id));
-        let gid = nix::unistd::Gid::from_raw(vm_uid(&spec.id));
-        std::fs::set_permissions(&spec.run_dir, std::fs::Permissions::from_mode(0o711))
-            .map_err(io(&spec.run_dir))?;
-        nix::unistd::chown(&spec.disk, Some(id), Some(gid))
-            .map_err(|e| io(&spec.disk)(std::io::Error::from(e)))?;
-        std::fs::set_permissions(&spec.disk, std::fs::Permissions::from_mode(0o600))
-            .map_err(io(&spec.disk))?;
-        Ok(())
-    }
-
-    /// Attaches the console reader to a VM started with `-S`, then lets its CPUs run.
-    async fn resume_with_console(&self, vm: &VmHandle, mut q: Qmp) -> Result<(), String> {
-        self.attach_console(vm).map_err(|e| format!("console: {e}"))?;
-        match tokio::time::timeout(QMP_TIMEOUT, q.execute("cont", None)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("qmp cont timed out".to_string()),
-        }
-    }
-}
-
 fn api_err(vm: &VmHandle, endpoint: &str, detail: String) -> VmmError {
     VmmError::Api {
         id: vm.run_dir.display().to_string(),
@@ -387,7 +363,7 @@ impl Vmm for QemuVmm {
                 detail: "not found next to QEMU nor on PATH (install qemu-utils)".to_string(),
             })?;
         let out = tokio::process::Command::new(&qemu_img)
-            .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+            .args(["create", "-q", "-f", "qcow2", "-F", image_format(&base), "-b"])
             .arg(&base)
             .arg(&dest)
             .stdin(Stdio::null())
@@ -408,124 +384,26 @@ impl Vmm for QemuVmm {
     }
 
     async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError> {
-        let files = RunFiles::new(&spec.run_dir);
-        let failed = |detail: String| VmmError::StartFailed {
-            id: spec.id.clone(),
-            detail,
-        };
-        if !self.binary.exists() {
-            return Err(VmmError::BinaryMissing {
-                binary: self.binary.display().to_string(),
-                detail: "no such file".to_string(),
-            });
-        }
-        let args = self.command_line(spec)?;
-        // Leftovers of an earlier run would make readiness checks lie.
-        for stale in [
-            &files.agent_sock,
-            &files.qmp_sock,
-            &files.console_sock,
-            &files.console_log,
-            &files.pid_file,
-        ] {
-            match std::fs::remove_file(stale) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(VmmError::Io {
-                        path: stale.clone(),
-                        source: e,
-                    });
-                }
-            }
-        }
-        let log = File::create(&files.qemu_log).map_err(|e| VmmError::Io {
-            path: files.qemu_log.clone(),
-            source: e,
-        })?;
-        let log2 = log.try_clone().map_err(|e| VmmError::Io {
-            path: files.qemu_log.clone(),
-            source: e,
-        })?;
-        if self.drop_privileges {
-            self.prepare_unprivileged(spec)?;
-        }
-        let mut cmd = std::process::Command::new(&self.binary);
-        cmd.args(&args)
-            .current_dir(&spec.run_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log2));
-        // SAFETY: runs in the forked child before exec; setsid(2) is async-signal-safe and touches no memory
-        // shared with the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                Ok(())
-            });
-        }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| failed(format!("spawn {}: {e}", self.binary.display())))?;
-        let pid = child.id();
-        let start_ticks = process_start_ticks(pid);
-        // Reap QEMU whenever it exits while we live; report the exit to the readiness loop below.
-        let (exit_tx, mut exit_rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name(format!("qemu-reap-{pid}"))
-            .spawn(move || {
-                let _ = exit_tx.send(child.wait());
-            })
-            .map_err(|e| failed(format!("reaper thread: {e}")))?;
-        let handle = VmHandle {
-            kind: VmmKind::Qemu,
-            pid,
-            start_ticks: start_ticks.unwrap_or(0),
-            run_dir: spec.run_dir.clone(),
-        };
+        self.launch(spec, Boot::Fresh).await
+    }
 
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut exited = false;
-        let ready = loop {
-            if let Ok(status) = exit_rx.try_recv() {
-                exited = true;
-                let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                break Err(format!(
-                    "qemu exited during startup ({status}): {}",
-                    log_tail(&files.qemu_log)
-                ));
-            }
-            if start_ticks.is_none() {
-                break Err("cannot read the start time of the qemu process".to_string());
-            }
-            if files.qmp_sock.exists() {
-                let probe = async {
-                    let mut q = Qmp::connect(&files.qmp_sock).await?;
-                    q.query_status().await.map(|_| q)
-                };
-                if let Ok(Ok(q)) = tokio::time::timeout(QMP_TIMEOUT, probe).await {
-                    break self.resume_with_console(&handle, q).await;
-                }
-            }
-            if Instant::now() > deadline {
-                break Err(format!(
-                    "qmp not ready after {START_TIMEOUT:?}: {}",
-                    log_tail(&files.qemu_log)
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        match ready {
-            Ok(()) => Ok(handle),
-            Err(detail) => {
-                // Nothing of the VM may be left running.
-                if !exited && start_ticks.is_some() {
-                    let _ = Self::signal(&handle, Signal::SIGKILL).await;
-                    let _ = tokio::time::timeout(STOP_STEP, exit_rx).await;
-                }
-                Err(failed(detail))
-            }
-        }
+    async fn snapshot(
+        &self,
+        vm: &VmHandle,
+        disk: &Path,
+        dest: &Path,
+        mode: SnapshotMode,
+    ) -> Result<SnapshotInfo, VmmError> {
+        self.snapshot_to(vm, disk, dest, mode).await
+    }
+
+    async fn restore(
+        &self,
+        spec: &VmSpec,
+        snapshot: &Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.restore_from(spec, snapshot, info).await
     }
 
     async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {
@@ -613,6 +491,15 @@ fn disk_arg(spec: &VmSpec) -> PathBuf {
         (Some(dir), Some(name)) if dir == spec.run_dir => PathBuf::from(name),
         _ => spec.disk.clone(),
     }
+}
+
+/// `qcow2` for a qcow2 image (a checkpoint's disk copy, when forking), else `raw` (template images).
+fn image_format(path: &Path) -> &'static str {
+    let mut magic = [0u8; 4];
+    let is_qcow2 = File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"QFI\xfb");
+    if is_qcow2 { "qcow2" } else { "raw" }
 }
 
 /// Process state letter (`R`, `S`, `Z`, ...) from `/proc/<pid>/stat`.

@@ -396,3 +396,101 @@ async fn debian_template_has_python_bash_procps_and_free_space() {
     vmm.stop(&vm).await.expect("stop");
     assert!(!vmm.is_alive(&vm));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_pause_resume_and_fork() {
+    use hearth_vmm::SnapshotMode;
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/minimal.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let s = spec(run.path(), disk.clone(), "snap-test");
+    let vm = vmm.start(&s).await.expect("start");
+    let mut guard = Guard {
+        vmm: &vmm,
+        vm: Some(vm.clone()),
+    };
+    let client = wait_for_agent(&vmm, &vm).await;
+    let (code, _) = run_in_guest(
+        &client,
+        &[
+            "sh",
+            "-c",
+            "echo in-memory > /run/mark && echo on-disk > /root/mark && sync",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0));
+
+    // Checkpoint: state and a disk copy; the VM goes on.
+    let snaps = tempfile::tempdir().expect("tempdir");
+    let ck = snaps.path().join("checkpoint");
+    std::fs::create_dir(&ck).expect("mkdir");
+    let t = Instant::now();
+    let info = vmm
+        .snapshot(&vm, &disk, &ck, SnapshotMode::Checkpoint)
+        .await
+        .expect("checkpoint");
+    eprintln!("checkpoint of a 256 MiB guest took {:?}", t.elapsed());
+    assert_eq!(info.disk.as_deref(), Some("disk.qcow2"));
+    assert_eq!((info.memory_mib, info.vcpus), (256, 1));
+    for f in &info.files {
+        assert!(ck.join(f).metadata().expect("snapshot file").len() > 0, "{f}");
+    }
+    assert!(vmm.is_alive(&vm));
+    let (code, _) = run_in_guest(&client, &["sh", "-c", "echo after > /run/mark"]).await;
+    assert_eq!(code, Some(0), "the VM runs on after a checkpoint");
+
+    // Pause to zero: the process goes away.
+    drop(client);
+    let paused = snaps.path().join("pause");
+    std::fs::create_dir(&paused).expect("mkdir");
+    let pinfo = vmm
+        .snapshot(&vm, &disk, &paused, SnapshotMode::Pause)
+        .await
+        .expect("pause");
+    assert!(!vmm.is_alive(&vm));
+    assert_eq!(pinfo.disk, None);
+
+    // A snapshot for another shape is refused before anything starts.
+    let mut wrong = s.clone();
+    wrong.memory_mib = 512;
+    assert!(matches!(
+        vmm.restore(&wrong, &paused, &pinfo).await,
+        Err(VmmError::Snapshot { .. })
+    ));
+
+    // Resume: same disk, same run directory, memory as it was.
+    let t = Instant::now();
+    let resumed = vmm.restore(&s, &paused, &pinfo).await.expect("resume");
+    guard.vm = Some(resumed.clone());
+    let client = wait_for_agent(&vmm, &resumed).await;
+    eprintln!("resume to agent-ready took {:?}", t.elapsed());
+    let (_, mark) = run_in_guest(&client, &["cat", "/run/mark"]).await;
+    assert_eq!(mark, "after\n");
+
+    // Fork from the checkpoint, next to the resumed VM: its own disk over the checkpoint's copy.
+    let run_fork = tempfile::tempdir().expect("tempdir");
+    let fork_disk = vmm
+        .prepare_disk(&ck.join("disk.qcow2"), run_fork.path())
+        .await
+        .expect("fork disk");
+    let mut sf = spec(run_fork.path(), fork_disk, "fork-test");
+    sf.id = "sbx_00000000000000bb".to_string();
+    let fork = vmm.restore(&sf, &ck, &info).await.expect("fork");
+    let _fork_guard = Guard {
+        vmm: &vmm,
+        vm: Some(fork.clone()),
+    };
+    let fork_client = wait_for_agent(&vmm, &fork).await;
+    let (_, mark) = run_in_guest(&fork_client, &["cat", "/run/mark", "/root/mark"]).await;
+    assert_eq!(mark, "in-memory\non-disk\n");
+    let (_, mark) = run_in_guest(&client, &["cat", "/run/mark"]).await;
+    assert_eq!(mark, "after\n", "the resumed VM is unaffected by the fork");
+
+    drop((client, fork_client));
+    vmm.stop(&fork).await.expect("stop fork");
+    vmm.stop(&resumed).await.expect("stop resumed");
+    assert!(!vmm.is_alive(&fork) && !vmm.is_alive(&resumed));
+    guard.vm = None;
+}
