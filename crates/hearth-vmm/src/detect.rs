@@ -234,6 +234,14 @@ fn short_version(line: &str) -> Option<String> {
     None
 }
 
+/// `qemu-img` (sandbox disks are qcow2 overlays made with it): next to the QEMU binary, else on `PATH`.
+pub fn qemu_img_for(qemu: &Path) -> Option<PathBuf> {
+    qemu.parent()
+        .map(|d| d.join("qemu-img"))
+        .filter(|p| is_executable(p))
+        .or_else(|| which("qemu-img"))
+}
+
 /// Picks the VMM. Auto: Firecracker when KVM is usable and its binary exists, else QEMU with KVM when KVM is
 /// usable, else QEMU under TCG (correct but slow).
 pub fn choose(pref: VmmPreference, probe: &HostProbe) -> Result<Choice, DetectError> {
@@ -339,7 +347,18 @@ pub fn checks(probe: &HostProbe, images_dir: &Path) -> Vec<Check> {
         ),
     });
     out.push(match &probe.qemu {
-        Ok(b) => check("qemu", Good, format!("{} at {}", b.version, b.path.display())),
+        Ok(b) => match qemu_img_for(&b.path) {
+            Some(_) => check("qemu", Good, format!("{} at {}", b.version, b.path.display())),
+            None => check(
+                "qemu",
+                Fail,
+                format!(
+                    "{} at {}, but no qemu-img next to it nor on PATH (install qemu-utils)",
+                    b.version,
+                    b.path.display()
+                ),
+            ),
+        },
         Err(e) => check("qemu", Fail, e.clone()),
     });
     out.push(match &probe.firecracker {

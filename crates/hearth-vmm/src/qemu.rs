@@ -352,16 +352,10 @@ impl Vmm for QemuVmm {
         if dest.exists() {
             return Err(disk_err(&dest, "already exists".to_string()));
         }
-        let qemu_img = self
-            .binary
-            .parent()
-            .map(|d| d.join("qemu-img"))
-            .filter(|p| p.exists())
-            .or_else(|| crate::detect::which("qemu-img"))
-            .ok_or_else(|| VmmError::BinaryMissing {
-                binary: "qemu-img".to_string(),
-                detail: "not found next to QEMU nor on PATH (install qemu-utils)".to_string(),
-            })?;
+        let qemu_img = crate::detect::qemu_img_for(&self.binary).ok_or_else(|| VmmError::BinaryMissing {
+            binary: "qemu-img".to_string(),
+            detail: "not found next to QEMU nor on PATH (install qemu-utils)".to_string(),
+        })?;
         let out = tokio::process::Command::new(&qemu_img)
             .args(["create", "-q", "-f", "qcow2", "-F", image_format(&base), "-b"])
             .arg(&base)
