@@ -74,7 +74,7 @@ export class Connection {
   async call<T>(
     opts: RequestOpts,
     send: (signal: AbortSignal | undefined) => Promise<{ data?: T; error?: unknown; response: Response }>,
-  ): Promise<{ data: T; response: Response }> {
+  ): Promise<{ data: T; response: Response; signal: AbortSignal | undefined }> {
     const signal = this.signal(opts);
     let result: { data?: T; error?: unknown; response: Response };
     try {
@@ -83,7 +83,7 @@ export class Connection {
       throw this.transportError(err, opts);
     }
     if (!result.response.ok) throw errorFromResponse(result.response.status, result.error);
-    return { data: result.data as T, response: result.response };
+    return { data: result.data as T, response: result.response, signal };
   }
 
   /** Maps an exception thrown while talking to the daemon (also used while reading a streamed body). */

@@ -234,7 +234,7 @@ export class Commands {
    * aborted or its request timeout expires after the command started, the command is killed (SIGKILL).
    */
   private async stream(body: Schemas["RunCommandRequest"], opts: CommandOpts): Promise<CommandResult> {
-    const { data: events } = await this.conn.call(opts, (signal) =>
+    const { data: events, signal } = await this.conn.call(opts, (signal) =>
       this.conn.api.POST("/v1/sandboxes/{id}/commands", {
         params: { path: { id: this.sandboxId } },
         body,
@@ -249,7 +249,7 @@ export class Commands {
     let stderr = "";
     let pid: number | undefined;
     try {
-      for await (const ev of readEvents(events)) {
+      for await (const ev of readEvents(events, signal)) {
         const msg = JSON.parse(ev.data) as Schemas["CommandEvent"];
         switch (msg.type) {
           case "stdout": {

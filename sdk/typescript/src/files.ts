@@ -3,6 +3,7 @@
 import type { Connection, RequestBody, RequestOpts } from "./client.js";
 import { HearthError } from "./errors.js";
 import type { components } from "./generated/openapi.js";
+import { readAll } from "./sse.js";
 
 type Schemas = components["schemas"];
 
@@ -69,7 +70,7 @@ export class Files {
     path: string,
     opts: RequestOpts & { format?: "text" | "bytes" | "stream" } = {},
   ): Promise<string | Uint8Array | ReadableStream<Uint8Array>> {
-    const { data: body } = await this.conn.call(opts, (signal) =>
+    const { data: body, signal } = await this.conn.call(opts, (signal) =>
       this.conn.api.GET("/v1/sandboxes/{id}/files", {
         params: { path: { id: this.sandboxId }, query: { path } },
         parseAs: "stream",
@@ -81,7 +82,7 @@ export class Files {
     if (opts.format === "stream") return stream;
     let bytes: Uint8Array;
     try {
-      bytes = new Uint8Array(await new Response(stream).arrayBuffer());
+      bytes = await readAll(stream, signal);
     } catch (err) {
       throw this.conn.transportError(err, opts);
     }

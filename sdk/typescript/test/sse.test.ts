@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { readEvents } from "../src/sse.js";
+import { readAll, readEvents } from "../src/sse.js";
 
 function body(parts: string[]): ReadableStream<Uint8Array> {
   const enc = new TextEncoder();
@@ -48,4 +48,48 @@ test("a multi-byte character split between chunks survives; a final event withou
   const out = [];
   for await (const ev of readEvents(stream)) out.push(ev);
   assert.deepEqual(out, [{ event: "message", data: "café" }]);
+});
+
+/** A body that sends one event and then nothing, forever (like a command that went quiet). */
+function quietBody(): { stream: ReadableStream<Uint8Array>; cancelled: Promise<unknown> } {
+  let onCancel: (reason: unknown) => void = () => undefined;
+  const cancelled = new Promise((r) => (onCancel = r));
+  const stream = new ReadableStream<Uint8Array>({
+    start(c) {
+      c.enqueue(new TextEncoder().encode("event: start\ndata: {}\n\n"));
+    },
+    cancel(reason) {
+      onCancel(reason);
+    },
+  });
+  return { stream, cancelled };
+}
+
+test("an abort stops a reader waiting on a quiet body, cancels the body and throws the reason", async () => {
+  const { stream, cancelled } = quietBody();
+  const ac = new AbortController();
+  const seen: string[] = [];
+  const start = Date.now();
+  setTimeout(() => ac.abort(), 200);
+  await assert.rejects(
+    (async () => {
+      for await (const ev of readEvents(stream, ac.signal)) seen.push(ev.event);
+    })(),
+    { name: "AbortError" },
+  );
+  assert.deepEqual(seen, ["start"]);
+  assert.ok(Date.now() - start < 2000);
+  assert.equal((await cancelled as Error).name, "AbortError");
+
+  const quiet = quietBody();
+  const ac2 = new AbortController();
+  // (Not AbortSignal.timeout: its timer does not keep the event loop alive, and nothing else here does.)
+  setTimeout(() => ac2.abort(new DOMException("too slow", "TimeoutError")), 200);
+  await assert.rejects(readAll(quiet.stream, ac2.signal), { name: "TimeoutError" });
+  await quiet.cancelled;
+});
+
+test("readAll joins the chunks of a body", async () => {
+  const bytes = await readAll(body(["ab", "", "cd", "é"]));
+  assert.equal(new TextDecoder().decode(bytes), "abcdé");
 });
