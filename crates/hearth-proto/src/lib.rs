@@ -35,11 +35,15 @@ pub mod client;
 
 pub use frame::{EncodeError, EncodedFrame, FrameDecoder, FrameError, RawFrame};
 pub use msg::{
-    Command, ErrorKind, ExecRequest, ExitStatus, FileInfo, FileKind, GuestMsg, Header, HostMsg, ProcInfo,
+    Command, ErrorKind, ExecRequest, ExitStatus, FileInfo, FileKind, GuestMsg, Header, HostMsg,
+    POST_RESTORE_ENTROPY_LEN, PostRestore, PostRestoreReport, ProcInfo,
 };
 
 /// Version spoken by this crate; `Hello` and `HelloOk` carry it and must match.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// - 1: processes and files.
+/// - 2: `Sync`, `PostRestore`/`PostRestored`; `Abandon` on a foreground exec kills its process group.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Stream id of connection-level messages (`Hello`, `HelloOk`).
 pub const CONTROL_STREAM: u32 = 0;
 /// Most unacknowledged data bytes in flight per stream and direction.

@@ -191,6 +191,85 @@ impl std::fmt::Display for ErrorKind {
     }
 }
 
+/// Length of [`PostRestore::entropy`]: 64 bytes (512 bits) from the host's RNG.
+pub const POST_RESTORE_ENTROPY_LEN: usize = 64;
+
+/// What the guest must change right after it was resumed or forked from a snapshot, before it runs anything
+/// else: a restored guest believes it is still the moment of the snapshot, and every fork of one snapshot
+/// starts with the same RNG state, hostname and machine id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PostRestore {
+    /// The host's wall clock, nanoseconds since the Unix epoch (set with `clock_settime(CLOCK_REALTIME)`).
+    pub unix_time_ns: i64,
+    /// Exactly [`POST_RESTORE_ENTROPY_LEN`] bytes from the host's RNG, mixed into the guest kernel's pool and
+    /// credited (`RNDADDENTROPY`), then the CRNG is reseeded (`RNDRESEEDCRNG`).
+    pub entropy: Vec<u8>,
+    /// New hostname (`sethostname`, and `/etc/hostname` when writable): 1-64 of `[A-Za-z0-9-]`, not
+    /// starting or ending with `-`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// New `/etc/machine-id`: exactly 32 lowercase hex digits, not all zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_id: Option<String>,
+}
+
+impl PostRestore {
+    /// Check every field; the agent refuses a request that fails this (`Error{invalid_request}`) before
+    /// changing anything.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.entropy.len() != POST_RESTORE_ENTROPY_LEN {
+            return Err(format!(
+                "entropy must be exactly {POST_RESTORE_ENTROPY_LEN} bytes, got {}",
+                self.entropy.len()
+            ));
+        }
+        if self.unix_time_ns <= 0 {
+            return Err(format!(
+                "unix_time_ns {} is not after the epoch",
+                self.unix_time_ns
+            ));
+        }
+        if let Some(h) = &self.hostname
+            && !valid_hostname(h)
+        {
+            return Err("hostname must be 1-64 of [A-Za-z0-9-], not starting or ending with '-'".into());
+        }
+        if let Some(m) = &self.machine_id
+            && !valid_machine_id(m)
+        {
+            return Err("machine_id must be 32 lowercase hex digits, not all zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// A single DNS label: what `sethostname` and `/etc/hostname` get.
+pub fn valid_hostname(h: &str) -> bool {
+    (1..=64).contains(&h.len())
+        && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !h.starts_with('-')
+        && !h.ends_with('-')
+}
+
+/// The `machine-id(5)` format: 32 lowercase hex digits (all zero is not a valid id).
+pub fn valid_machine_id(m: &str) -> bool {
+    m.len() == 32 && m.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) && m.bytes().any(|b| b != b'0')
+}
+
+/// What the agent did for a [`PostRestore`] (all of it, or the request fails with an error instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PostRestoreReport {
+    /// The wall clock was set.
+    pub clock_set: bool,
+    /// Bits of entropy credited to the kernel pool by `RNDADDENTROPY`.
+    pub entropy_bits_credited: u32,
+    /// `RNDRESEEDCRNG` succeeded (the CRNG was reseeded from the pool immediately).
+    pub crng_reseeded: bool,
+    pub hostname_set: bool,
+    /// `/etc/machine-id` was written (fsynced).
+    pub machine_id_written: bool,
+}
+
 /// Messages from the host to the guest agent.
 ///
 /// Requests open a stream (a fresh odd id chosen by the host); the guest ends every stream with exactly one
@@ -208,8 +287,10 @@ pub enum HostMsg {
     Stdin,
     /// Close the stdin of the process started on this stream.
     StdinEof,
-    /// The host stops caring about this stream: the agent sends nothing more on it (a foreground process
-    /// keeps running, its output is discarded, and it stays waitable in the process table).
+    /// The host stops caring about this stream: the agent sends nothing more on it. A foreground process
+    /// started on it is stopped (its process group gets SIGHUP and SIGTERM, then SIGKILL after a short grace)
+    /// and stays waitable in the process table until then. (A connection that is merely lost does not kill
+    /// anything: its foreground processes keep running and stay waitable.)
     Abandon,
     /// Grant the guest `bytes` more data bytes on this stream.
     Credit { bytes: u64 },
@@ -249,6 +330,12 @@ pub enum HostMsg {
     Remove { path: String, recursive: bool },
     /// Rename a path. Answered by `Ok`.
     Rename { from: String, to: String },
+    /// Flush every guest file system (`sync(2)`, then `syncfs` on each mount) before a snapshot. Answered by
+    /// `Ok` once done (protocol version 2).
+    Sync,
+    /// Fix up the guest after a resume or fork (clock, RNG, identity). Answered by `PostRestored`, or by
+    /// `Error{invalid_request}` for malformed values, before anything was changed (protocol version 2).
+    PostRestore(PostRestore),
 }
 
 impl HostMsg {
@@ -304,6 +391,8 @@ pub enum GuestMsg {
     ReadDone { bytes: u64 },
     /// A `WriteFile` completed (terminal).
     Written { bytes: u64 },
+    /// Answer to `PostRestore` (terminal).
+    PostRestored(PostRestoreReport),
     /// Generic success (terminal).
     Ok,
     /// Failure (terminal).
@@ -326,6 +415,7 @@ impl GuestMsg {
                 | GuestMsg::Stat { .. }
                 | GuestMsg::ReadDone { .. }
                 | GuestMsg::Written { .. }
+                | GuestMsg::PostRestored(_)
                 | GuestMsg::Ok
                 | GuestMsg::Error { .. }
         )

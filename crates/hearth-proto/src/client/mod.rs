@@ -13,6 +13,15 @@
 //! - [`AgentClient::read_file`] -> ([`FileInfo`], [`FileReader`]), [`AgentClient::write_file`],
 //!   [`AgentClient::stat`], [`AgentClient::list_dir`], [`AgentClient::mkdir`], [`AgentClient::remove`],
 //!   [`AgentClient::rename`]
+//! - Snapshots (protocol version 2): [`AgentClient::sync`] before pausing or checkpointing a VM (flushes
+//!   every guest file system; returns once done); [`AgentClient::post_restore`] right after a resume or fork
+//!   and before any user command (sets the wall clock, mixes and credits 64 bytes of host entropy and
+//!   reseeds the CRNG, optionally sets hostname and machine-id; malformed values are refused with
+//!   `ClientError::Guest { kind: ErrorKind::InvalidRequest, .. }` before anything changes, see
+//!   [`PostRestore::validate`]). Both can take a moment in a slow guest: give them a timeout.
+//! - Dropping an [`ExecHandle`] before `Exited` sends `Abandon`: the agent stops the foreground process
+//!   (SIGHUP + SIGTERM to its process group, SIGKILL after a short grace). Losing the connection instead
+//!   leaves it running and waitable by pid.
 //!
 //! Everything from the guest is treated as hostile: frames are bounded by the decoder, frames for unknown
 //! streams are ignored, a guest exceeding its credit, sending malformed headers or flooding a stream with
@@ -36,7 +45,7 @@ pub use stream::StreamRx;
 
 use crate::frame::{FrameError, encode};
 use crate::io::{CreditWindow, FrameReader, Outbox, RecvWindow, write_loop};
-use crate::msg::{ErrorKind, FileInfo, GuestMsg, Header, HostMsg};
+use crate::msg::{ErrorKind, FileInfo, GuestMsg, Header, HostMsg, PostRestore, PostRestoreReport};
 use crate::{CONTROL_STREAM, PROTOCOL_VERSION};
 
 /// How often `connect` repeats its `Hello` until answered.
@@ -463,6 +472,23 @@ impl AgentClient {
     pub async fn ping(&self) -> Result<(), ClientError> {
         match self.call(&HostMsg::Ping, Bytes::new()).await? {
             GuestMsg::Pong => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Flush every file system of the guest (`sync(2)`, then `syncfs` on each mount); returns once the data
+    /// is on the (virtual) disks, so a snapshot taken now loses nothing written before the call.
+    pub async fn sync(&self) -> Result<(), ClientError> {
+        self.call_ok(&HostMsg::Sync).await
+    }
+
+    /// Right after a resume or fork, before any user command: set the guest's wall clock, mix in and credit
+    /// the host's entropy (exactly [`crate::POST_RESTORE_ENTROPY_LEN`] bytes) and reseed the CRNG, and set
+    /// the hostname / machine-id when given. Malformed values ([`PostRestore::validate`]) are refused with
+    /// `ClientError::Guest { kind: ErrorKind::InvalidRequest, .. }` and nothing is changed.
+    pub async fn post_restore(&self, req: PostRestore) -> Result<PostRestoreReport, ClientError> {
+        match self.call(&HostMsg::PostRestore(req), Bytes::new()).await? {
+            GuestMsg::PostRestored(report) => Ok(report),
             other => Err(unexpected(&other)),
         }
     }

@@ -32,8 +32,9 @@ pub enum ExecEvent {
     Error(ClientError),
 }
 
-/// A running foreground exec. Dropping it abandons the stream: the process runs on in the guest (it stays in
-/// the agent's process table, waitable by pid) and its output is discarded there.
+/// A running foreground exec. Dropping it before `Exited` abandons the stream: the agent stops the process
+/// (SIGHUP and SIGTERM to its process group, SIGKILL after a short grace); it stays waitable by pid until it
+/// is gone. (If the connection is lost instead, the process keeps running and stays waitable.)
 pub struct ExecHandle {
     pub pid: u32,
     rx: StreamRx,
