@@ -146,6 +146,7 @@ macro_rules! api {
 #[tool_router]
 impl HearthMcp {
     #[tool(
+        annotations(destructive_hint = false),
         description = "Create a sandbox (a Linux microVM) and wait until it runs; returns it, with the `id` \
                           to pass as sandbox_id to the other tools. Booting takes a few seconds."
     )]
@@ -169,6 +170,7 @@ impl HearthMcp {
     }
 
     #[tool(
+        annotations(read_only_hint = true),
         description = "List sandboxes (id, state, template, shape, timestamps, metadata), optionally \
                           filtered by state and metadata."
     )]
@@ -195,6 +197,7 @@ impl HearthMcp {
     }
 
     #[tool(
+        annotations(read_only_hint = true),
         description = "Show one sandbox: state, template, vCPUs, memory, creation time, when it will be \
                           destroyed (end_at), metadata and, if it failed, why."
     )]
@@ -256,6 +259,7 @@ impl HearthMcp {
     }
 
     #[tool(
+        annotations(read_only_hint = true),
         description = "Read a file from a sandbox. UTF-8 text comes back as text; other content as base64 \
                           (with a note). Reads at most 256 KiB per call: use offset/length (the result gives \
                           next_offset) for larger files."
@@ -304,6 +308,7 @@ impl HearthMcp {
     }
 
     #[tool(
+        annotations(destructive_hint = true, idempotent_hint = true),
         description = "Write a file in a sandbox (created or replaced; missing parent directories are \
                           created). content is text, or base64 with encoding \"base64\"."
     )]
@@ -338,6 +343,7 @@ impl HearthMcp {
     }
 
     #[tool(
+        annotations(read_only_hint = true),
         description = "List a directory in a sandbox: name, kind (file, dir, symlink, other), size, mode \
                           and mtime of each entry."
     )]
@@ -352,7 +358,10 @@ impl HearthMcp {
         ok_json(json!({ "path": path, "entries": to_json(&list.entries) }))
     }
 
-    #[tool(description = "Destroy a sandbox now: its VM is stopped and everything in it is lost.")]
+    #[tool(
+        annotations(destructive_hint = true, idempotent_hint = true),
+        description = "Destroy a sandbox now: its VM is stopped and everything in it is lost."
+    )]
     async fn kill_sandbox(
         &self,
         Parameters(a): Parameters<SandboxArgs>,
@@ -364,6 +373,7 @@ impl HearthMcp {
     }
 
     #[tool(
+        annotations(destructive_hint = false),
         description = "Set a sandbox's timeout: it will be destroyed timeout_s seconds from now. Returns the \
                           sandbox with its new end_at."
     )]

@@ -79,6 +79,12 @@ async fn rmcp_client_over_stdio() {
             "{}: {schema}",
             t.name
         );
+        let read_only = t.annotations.as_ref().and_then(|a| a.read_only_hint) == Some(true);
+        let expect_read_only = matches!(
+            t.name.as_ref(),
+            "list_sandboxes" | "sandbox_info" | "read_file" | "list_files"
+        );
+        assert_eq!(read_only, expect_read_only, "{}", t.name);
     }
 
     let listed = client
