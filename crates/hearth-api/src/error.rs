@@ -29,6 +29,9 @@ pub enum ErrorCode {
     UnknownRoute,
     /// Wrong HTTP method for the route.
     MethodNotAllowed,
+    /// A snapshot's files do not match its manifest (truncated, altered or missing): it is refused before the
+    /// VMM reads it.
+    SnapshotCorrupt,
     /// Something unexpected went wrong in the daemon.
     Internal,
     /// Any code this client version does not know yet.
@@ -46,7 +49,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
-            ErrorCode::GuestError => 422,
+            ErrorCode::GuestError | ErrorCode::SnapshotCorrupt => 422,
             ErrorCode::CapacityExceeded => 503,
             ErrorCode::VmmFailed | ErrorCode::AgentUnavailable => 502,
             ErrorCode::Internal | ErrorCode::Unknown => 500,
@@ -67,6 +70,7 @@ impl ErrorCode {
             ErrorCode::GuestError => "guest_error",
             ErrorCode::UnknownRoute => "unknown_route",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::SnapshotCorrupt => "snapshot_corrupt",
             ErrorCode::Internal => "internal",
             ErrorCode::Unknown => "unknown",
         }
@@ -93,10 +97,10 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_unknown_is_tolerated() {
-        let j = serde_json::to_string(&ErrorCode::PayloadTooLarge).unwrap();
+        let j = serde_json::to_string(&ErrorCode::PayloadTooLarge).expect("serializes");
         assert_eq!(j, "\"payload_too_large\"");
         assert_eq!(ErrorCode::PayloadTooLarge.as_str(), "payload_too_large");
-        let c: ErrorCode = serde_json::from_str("\"brand_new_code\"").unwrap();
+        let c: ErrorCode = serde_json::from_str("\"brand_new_code\"").expect("parses");
         assert_eq!(c, ErrorCode::Unknown);
     }
 }

@@ -25,6 +25,42 @@ pub struct CreateSandboxRequest {
     /// Free-form labels, usable as list filters.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// Whether a call that needs the guest (commands, files, processes) resumes a paused sandbox by itself.
+    /// Default true; with false such calls fail with `conflict` until `POST .../resume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<bool>,
+    /// What the TTL does when it passes: `kill` (default) destroys the sandbox, `pause` pauses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
+}
+
+/// What happens to a sandbox when its TTL passes.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// Destroy the sandbox.
+    #[default]
+    Kill,
+    /// Pause it (its state is kept on disk; a paused sandbox does not expire).
+    Pause,
+}
+
+impl OnTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Kill => "kill",
+            OnTimeout::Pause => "pause",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "kill" => Some(OnTimeout::Kill),
+            "pause" => Some(OnTimeout::Pause),
+            _ => None,
+        }
+    }
 }
 
 /// Lifecycle state of a sandbox.
@@ -40,6 +76,12 @@ pub enum SandboxState {
     Stopping,
     /// The VM died or could not be reached; see `error`.
     Failed,
+    /// The VM's state is being saved to disk; the VM process ends when it is done.
+    Pausing,
+    /// No VM process and no RAM: the sandbox exists only as files (memory, device state, disk).
+    Paused,
+    /// A fresh VM process is being restored from the paused state.
+    Resuming,
 }
 
 impl SandboxState {
@@ -49,6 +91,9 @@ impl SandboxState {
             SandboxState::Running => "running",
             SandboxState::Stopping => "stopping",
             SandboxState::Failed => "failed",
+            SandboxState::Pausing => "pausing",
+            SandboxState::Paused => "paused",
+            SandboxState::Resuming => "resuming",
         }
     }
 
@@ -58,6 +103,9 @@ impl SandboxState {
             "running" => SandboxState::Running,
             "stopping" => SandboxState::Stopping,
             "failed" => SandboxState::Failed,
+            "pausing" => SandboxState::Pausing,
+            "paused" => SandboxState::Paused,
+            "resuming" => SandboxState::Resuming,
             _ => return None,
         })
     }
@@ -82,6 +130,22 @@ pub struct Sandbox {
     /// Why the sandbox failed, when `state` is `failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whether calls that need the guest resume a paused sandbox by themselves.
+    #[serde(default = "yes")]
+    pub auto_resume: bool,
+    /// What the TTL does when it passes.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+    /// The sandbox this one was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    /// The snapshot this sandbox was created from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Body of `GET /v1/sandboxes`.
@@ -98,4 +162,32 @@ pub struct SandboxList {
 pub struct SetTimeoutRequest {
     /// New TTL in seconds, counted from now (1-86400).
     pub timeout_s: u64,
+}
+
+/// Usage of one sandbox over a time window (`GET /v1/sandboxes/{id}/usage`, `GET /v1/usage`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct SandboxUsage {
+    pub sandbox_id: String,
+    /// Seconds the VM ran (booting, running, pausing, resuming).
+    pub running_seconds: f64,
+    /// Running seconds times vCPUs.
+    pub vcpu_seconds: f64,
+    /// Running seconds times guest memory in MiB.
+    pub mib_seconds: f64,
+    /// Seconds the sandbox was paused (no compute accrues).
+    pub paused_seconds: f64,
+    /// Bytes on disk of the sandbox's paused state and of the snapshots taken from it (now).
+    pub snapshot_bytes: u64,
+}
+
+/// Body of `GET /v1/usage`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct UsageReport {
+    /// RFC 3339 start of the window.
+    pub from: String,
+    /// RFC 3339 end of the window.
+    pub to: String,
+    pub sandboxes: Vec<SandboxUsage>,
 }

@@ -110,7 +110,7 @@ pub struct CreateArgs {
 
 #[derive(Debug, Args)]
 pub struct LsArgs {
-    /// Only sandboxes in this state (creating, running, stopping, failed).
+    /// Only sandboxes in this state (creating, running, stopping, failed, pausing, paused, resuming).
     #[arg(long, value_parser = parse_state)]
     pub state: Option<SandboxState>,
     /// Only sandboxes with this metadata pair (repeatable; all must match).
@@ -179,7 +179,9 @@ pub fn parse_kv(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_state(s: &str) -> Result<SandboxState, String> {
-    SandboxState::parse(s).ok_or_else(|| format!("unknown state {s:?} (creating, running, stopping, failed)"))
+    SandboxState::parse(s).ok_or_else(|| {
+        format!("unknown state {s:?} (creating, running, stopping, failed, pausing, paused, resuming)")
+    })
 }
 
 /// Signal numbers by name, the ones worth sending to a guest process.

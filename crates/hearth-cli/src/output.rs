@@ -169,7 +169,11 @@ fn state_cell(state: SandboxState, style: Style) -> String {
     let s = state.as_str();
     match state {
         SandboxState::Running => style.green(s),
-        SandboxState::Creating | SandboxState::Stopping => style.yellow(s),
+        SandboxState::Creating
+        | SandboxState::Stopping
+        | SandboxState::Pausing
+        | SandboxState::Paused
+        | SandboxState::Resuming => style.yellow(s),
         SandboxState::Failed => style.red(s),
     }
 }

@@ -22,6 +22,10 @@ fn sandboxes() -> Vec<Sandbox> {
             metadata: BTreeMap::from([("owner".into(), "agent-7".into())]),
             vmm: "qemu".into(),
             error: None,
+            auto_resume: true,
+            on_timeout: Default::default(),
+            parent_id: None,
+            snapshot_id: None,
         },
         Sandbox {
             id: "sbx_fedcba9876543210".into(),
@@ -34,6 +38,10 @@ fn sandboxes() -> Vec<Sandbox> {
             metadata: BTreeMap::new(),
             vmm: "firecracker".into(),
             error: Some("agent did not answer\x1b[2J within 30 s".into()),
+            auto_resume: true,
+            on_timeout: Default::default(),
+            parent_id: None,
+            snapshot_id: None,
         },
     ]
 }

@@ -9,7 +9,10 @@ use hearth_api::SandboxState;
 use hearth_vmm::VmHandle;
 use tokio::time::Instant;
 
-use crate::service::{Live, Sandboxes, ServiceError};
+use crate::db::usage::UsageKind;
+use crate::db::{PausedState, SandboxRow};
+use crate::service::pause::PAUSED_DIR;
+use crate::service::{Live, Sandboxes, ServiceError, snapshot};
 
 /// How long an adopted VM's agent has to answer after a daemon restart.
 const ADOPT_CONNECT: Duration = Duration::from_secs(15);
@@ -99,6 +102,19 @@ pub async fn recover(svc: &Arc<Sandboxes>) -> Result<(), ServiceError> {
                 let svc = svc.clone();
                 adopting.push(tokio::spawn(async move { adopt_one(&svc, row).await }));
             }
+            SandboxState::Pausing => {
+                let svc = svc.clone();
+                adopting.push(tokio::spawn(async move { finish_pause(&svc, row).await }));
+            }
+            SandboxState::Resuming => {
+                let svc = svc.clone();
+                adopting.push(tokio::spawn(async move { finish_resume(&svc, row).await }));
+            }
+            SandboxState::Paused => {
+                let dir = svc.settings().paths.sandbox_dir(&row.id);
+                snapshot::remove_temporaries(&dir);
+                kill_dir_processes(&dir);
+            }
         }
     }
     for task in adopting {
@@ -107,10 +123,117 @@ pub async fn recover(svc: &Arc<Sandboxes>) -> Result<(), ServiceError> {
         }
     }
     remove_orphans(svc)?;
+    reconcile_usage(svc)?;
     Ok(())
 }
 
-async fn adopt_one(svc: &Sandboxes, row: crate::db::SandboxRow) -> Result<(), ServiceError> {
+/// A pause interrupted by the restart: a complete, valid snapshot means the pause happened (commit it);
+/// otherwise the VM keeps running if it still does, else the sandbox failed.
+async fn finish_pause(svc: &Arc<Sandboxes>, row: SandboxRow) -> Result<(), ServiceError> {
+    let dir = svc.settings().paths.sandbox_dir(&row.id);
+    snapshot::remove_temporaries(&dir);
+    let snap = dir.join(PAUSED_DIR);
+    let kind = svc.vmm.kind();
+    let snap2 = snap.clone();
+    let verified = tokio::task::spawn_blocking(move || snapshot::verify(&snap2, kind))
+        .await
+        .map_err(|e| ServiceError::Internal(format!("verify task: {e}")))?;
+    match verified {
+        Ok(manifest) => {
+            if let Some(h) = &row.handle {
+                let _ = svc.vmm.stop(h).await;
+                kill_vm_process(h);
+            }
+            let paused = PausedState {
+                dir: PAUSED_DIR.to_string(),
+                size_bytes: manifest.size_bytes(),
+                info: manifest.info,
+            };
+            svc.db().commit_pause(&row.id, &paused)?;
+            tracing::info!(sandbox = %row.id, "finished a pause interrupted by the restart");
+            Ok(())
+        }
+        Err(e) => {
+            if snap.exists() {
+                tracing::warn!(sandbox = %row.id, error = %e, "discarding an incomplete pause snapshot");
+                let _ = std::fs::remove_dir_all(&snap);
+            }
+            svc.db()
+                .transition(&row.id, SandboxState::Pausing, SandboxState::Running)?;
+            tracing::info!(sandbox = %row.id, "rolled an interrupted pause back to running");
+            adopt_one(
+                svc,
+                SandboxRow {
+                    state: SandboxState::Running,
+                    ..row
+                },
+            )
+            .await
+        }
+    }
+}
+
+/// A resume interrupted by the restart: a restored VM that runs is adopted (the resume completes); otherwise
+/// the sandbox goes back to `paused` with its snapshot.
+async fn finish_resume(svc: &Arc<Sandboxes>, row: SandboxRow) -> Result<(), ServiceError> {
+    let dir = svc.settings().paths.sandbox_dir(&row.id);
+    if let Some(h) = row
+        .handle
+        .clone()
+        .filter(|h| h.kind == svc.vmm.kind() && svc.vmm.is_alive(h))
+        && let Ok(client) = svc.connect_agent_until(&h, Instant::now() + ADOPT_CONNECT).await
+    {
+        let _ = crate::service::pause::guest_after_restore(&client, &row.id, None).await;
+        let end =
+            crate::service::now_ms().saturating_add(i64::try_from(row.timeout_s * 1000).unwrap_or(i64::MAX));
+        svc.db().commit_resume(&row.id, &h, end)?;
+        svc.set_live(Arc::new(Live::new(
+            row.id.clone(),
+            h,
+            row.env.clone(),
+            Some(client),
+        )));
+        let _ = std::fs::remove_dir_all(dir.join(PAUSED_DIR));
+        tracing::info!(sandbox = %row.id, "finished a resume interrupted by the restart");
+        return Ok(());
+    }
+    if let Some(h) = &row.handle {
+        let _ = svc.vmm.stop(h).await;
+        kill_vm_process(h);
+    }
+    kill_dir_processes(&dir);
+    svc.db().clear_handle(&row.id)?;
+    svc.db()
+        .transition(&row.id, SandboxState::Resuming, SandboxState::Paused)?;
+    tracing::info!(sandbox = %row.id, "rolled an interrupted resume back to paused");
+    Ok(())
+}
+
+/// Makes the open usage interval of every sandbox match its state (a restart may have come between a state
+/// change and its usage record).
+fn reconcile_usage(svc: &Sandboxes) -> Result<(), ServiceError> {
+    let now = crate::service::now_ms();
+    let rows = svc.db().list()?;
+    for row in &rows {
+        let kind = match row.state {
+            SandboxState::Running | SandboxState::Pausing | SandboxState::Resuming => {
+                Some(UsageKind::Running)
+            }
+            SandboxState::Paused => Some(UsageKind::Paused),
+            SandboxState::Creating | SandboxState::Stopping | SandboxState::Failed => None,
+        };
+        svc.db()
+            .usage_switch(&row.id, kind, now, row.vcpus, row.memory_mib)?;
+    }
+    for id in svc.db().usage_open_ids()? {
+        if !rows.iter().any(|r| r.id == id) {
+            svc.db().usage_switch(&id, None, now, 0, 0)?;
+        }
+    }
+    Ok(())
+}
+
+async fn adopt_one(svc: &Sandboxes, row: SandboxRow) -> Result<(), ServiceError> {
     let vm = match &row.handle {
         Some(h) if h.kind == svc.vmm.kind() && svc.vmm.is_alive(h) => h.clone(),
         Some(h) if h.kind != svc.vmm.kind() => {

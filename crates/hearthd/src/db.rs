@@ -2,14 +2,16 @@
 //!
 //! Every mutating operation of the daemon writes its intent here before acting (a `creating` or `stopping` row),
 //! so that a restart can finish or roll back whatever was in flight. Migrations are numbered by SQLite's
-//! `user_version`.
+//! `user_version`. Usage intervals live in [`usage`].
+
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use hearth_api::SandboxState;
-use hearth_vmm::{VmHandle, VmmKind};
+use hearth_api::{OnTimeout, SandboxState};
+use hearth_vmm::{SnapshotInfo, VmHandle, VmmKind};
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// Schema migrations; `MIGRATIONS[i]` upgrades from `user_version` i to i + 1.
@@ -34,6 +36,25 @@ const MIGRATIONS: &[&str] = &[
         sha256      BLOB NOT NULL,
         created_at  INTEGER NOT NULL
     );",
+    // 2: pause/resume, lineage, usage intervals.
+    "ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE sandboxes ADD COLUMN on_timeout TEXT NOT NULL DEFAULT 'kill';
+    ALTER TABLE sandboxes ADD COLUMN timeout_s INTEGER NOT NULL DEFAULT 300;
+    ALTER TABLE sandboxes ADD COLUMN parent_id TEXT;
+    ALTER TABLE sandboxes ADD COLUMN snapshot_id TEXT;
+    ALTER TABLE sandboxes ADD COLUMN paused TEXT;  -- JSON PausedState once a pause is committed
+    ALTER TABLE sandboxes ADD COLUMN disk TEXT;    -- the sandbox's disk as prepare_disk returned it
+    CREATE TABLE usage (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id  TEXT NOT NULL,
+        kind        TEXT NOT NULL,     -- 'running' | 'paused'
+        start_at    INTEGER NOT NULL,  -- unix milliseconds
+        end_at      INTEGER,           -- NULL while open
+        vcpus       INTEGER NOT NULL,
+        memory_mib  INTEGER NOT NULL
+    );
+    CREATE INDEX usage_by_sandbox ON usage (sandbox_id, start_at);
+    CREATE INDEX usage_by_time ON usage (start_at);",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +90,25 @@ pub struct SandboxRow {
     pub vmm: VmmKind,
     pub handle: Option<VmHandle>,
     pub error: Option<String>,
+    pub auto_resume: bool,
+    pub on_timeout: OnTimeout,
+    /// The TTL asked at create time, applied again on every resume.
+    pub timeout_s: u64,
+    pub parent_id: Option<String>,
+    pub snapshot_id: Option<String>,
+    /// The committed paused state (set while `paused` or `resuming`).
+    pub paused: Option<PausedState>,
+    /// The sandbox's own disk (set once prepared).
+    pub disk: Option<PathBuf>,
+}
+
+/// A committed pause: where its files are and what the driver wrote.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PausedState {
+    /// Directory name under the sandbox directory.
+    pub dir: String,
+    pub info: SnapshotInfo,
+    pub size_bytes: u64,
 }
 
 /// The database. Statements are short; one connection behind a mutex is enough.
@@ -131,8 +171,8 @@ impl Db {
     pub fn insert(&self, row: &SandboxRow) -> Result<(), DbError> {
         self.lock().execute(
             "INSERT INTO sandboxes (id, state, template, vcpus, memory_mib, created_at, end_at, env, metadata, vmm,
-                                    handle, error)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                                    handle, error, auto_resume, on_timeout, timeout_s, parent_id, snapshot_id, paused, disk)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
             params![
                 row.id,
                 row.state.as_str(),
@@ -146,6 +186,13 @@ impl Db {
                 row.vmm.as_str(),
                 row.handle.as_ref().map(to_json),
                 row.error,
+                row.auto_resume,
+                row.on_timeout.as_str(),
+                i64::try_from(row.timeout_s).unwrap_or(i64::MAX),
+                row.parent_id,
+                row.snapshot_id,
+                row.paused.as_ref().map(to_json),
+                row.disk.as_ref().map(|d| d.to_string_lossy().into_owned()),
             ],
         )?;
         Ok(())
@@ -191,6 +238,40 @@ impl Db {
         Ok(())
     }
 
+    /// Commits a pause: state `paused`, the paused state recorded, the VM handle cleared (no process is left).
+    pub fn commit_pause(&self, id: &str, paused: &PausedState) -> Result<bool, DbError> {
+        let n = self.lock().execute(
+            "UPDATE sandboxes SET state = 'paused', paused = ?2, handle = NULL, error = NULL WHERE id = ?1",
+            params![id, to_json(paused)],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Commits a resume: state `running`, the new VM handle, the paused state cleared, a new `end_at`.
+    pub fn commit_resume(&self, id: &str, handle: &VmHandle, end_at_ms: i64) -> Result<bool, DbError> {
+        let n = self.lock().execute(
+            "UPDATE sandboxes SET state = 'running', paused = NULL, handle = ?2, end_at = ?3, error = NULL
+             WHERE id = ?1",
+            params![id, to_json(handle), end_at_ms],
+        )?;
+        Ok(n == 1)
+    }
+
+    pub fn set_disk(&self, id: &str, disk: &Path) -> Result<(), DbError> {
+        self.lock().execute(
+            "UPDATE sandboxes SET disk = ?2 WHERE id = ?1",
+            params![id, disk.to_string_lossy()],
+        )?;
+        Ok(())
+    }
+
+    /// Clears the VM handle (the process is known to be gone).
+    pub fn clear_handle(&self, id: &str) -> Result<(), DbError> {
+        self.lock()
+            .execute("UPDATE sandboxes SET handle = NULL WHERE id = ?1", params![id])?;
+        Ok(())
+    }
+
     /// Sets `end_at`. Returns false when the row does not exist.
     pub fn set_end_at(&self, id: &str, end_at_ms: i64) -> Result<bool, DbError> {
         let n = self.lock().execute(
@@ -207,22 +288,40 @@ impl Db {
             == 1)
     }
 
-    /// Ids of the running or failed sandboxes whose TTL has passed at `now_ms` (a `creating` row belongs to its
-    /// create task, a `stopping` one is already being destroyed).
-    pub fn expired(&self, now_ms: i64) -> Result<Vec<String>, DbError> {
+    /// Sandboxes whose TTL has passed at `now_ms`, with what the TTL does to each: running ones per their
+    /// `on_timeout`, failed ones are destroyed. Paused sandboxes do not expire (they use no compute; a resume
+    /// starts a new TTL). A `creating` row belongs to its create task, a `stopping`, `pausing` or `resuming` one
+    /// to the operation in flight.
+    pub fn expired(&self, now_ms: i64) -> Result<Vec<(String, OnTimeout)>, DbError> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(
-            "SELECT id FROM sandboxes WHERE end_at <= ?1 AND state IN ('running', 'failed') ORDER BY end_at",
+            "SELECT id, state, on_timeout FROM sandboxes WHERE end_at <= ?1
+             AND state IN ('running', 'failed') ORDER BY end_at",
         )?;
-        let ids = stmt
-            .query_map(params![now_ms], |r| r.get(0))?
-            .collect::<Result<Vec<String>, _>>()?;
-        Ok(ids)
+        let rows = stmt
+            .query_map(params![now_ms], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, state, on)| {
+                let action = match (state.as_str(), OnTimeout::parse(&on)) {
+                    ("running", Some(OnTimeout::Pause)) => OnTimeout::Pause,
+                    _ => OnTimeout::Kill,
+                };
+                (id, action)
+            })
+            .collect())
     }
 }
 
 const SELECT: &str = "SELECT id, state, template, vcpus, memory_mib, created_at, end_at, env, metadata, vmm, handle, \
-                      error FROM sandboxes";
+                      error, auto_resume, on_timeout, timeout_s, parent_id, snapshot_id, paused, disk FROM sandboxes";
 
 /// A row as SQLite returns it, before the JSON and enum columns are parsed.
 struct RawRow {
@@ -238,6 +337,13 @@ struct RawRow {
     vmm: String,
     handle: Option<String>,
     error: Option<String>,
+    auto_resume: bool,
+    on_timeout: String,
+    timeout_s: i64,
+    parent_id: Option<String>,
+    snapshot_id: Option<String>,
+    paused: Option<String>,
+    disk: Option<String>,
 }
 
 impl RawRow {
@@ -255,6 +361,13 @@ impl RawRow {
             vmm: r.get(9)?,
             handle: r.get(10)?,
             error: r.get(11)?,
+            auto_resume: r.get(12)?,
+            on_timeout: r.get(13)?,
+            timeout_s: r.get(14)?,
+            parent_id: r.get(15)?,
+            snapshot_id: r.get(16)?,
+            paused: r.get(17)?,
+            disk: r.get(18)?,
         })
     }
 
@@ -275,6 +388,12 @@ impl RawRow {
             Some(h) => Some(serde_json::from_str(&h).map_err(|e| corrupt("handle", e.to_string()))?),
             None => None,
         };
+        let on_timeout = OnTimeout::parse(&self.on_timeout)
+            .ok_or_else(|| corrupt("on_timeout", self.on_timeout.clone()))?;
+        let paused = match self.paused {
+            Some(p) => Some(serde_json::from_str(&p).map_err(|e| corrupt("paused", e.to_string()))?),
+            None => None,
+        };
         Ok(SandboxRow {
             id: id.clone(),
             state,
@@ -288,6 +407,13 @@ impl RawRow {
             vmm,
             handle,
             error: self.error,
+            auto_resume: self.auto_resume,
+            on_timeout,
+            timeout_s: u64::try_from(self.timeout_s).unwrap_or(0),
+            parent_id: self.parent_id,
+            snapshot_id: self.snapshot_id,
+            paused,
+            disk: self.disk.map(PathBuf::from),
         })
     }
 }
@@ -338,6 +464,13 @@ mod tests {
             vmm: VmmKind::Qemu,
             handle: None,
             error: None,
+            auto_resume: true,
+            on_timeout: OnTimeout::Kill,
+            timeout_s: 4,
+            parent_id: None,
+            snapshot_id: None,
+            paused: None,
+            disk: None,
         }
     }
 
@@ -387,12 +520,12 @@ mod tests {
         r.handle = Some(handle);
         r.state = SandboxState::Running;
         assert_eq!(db.get(&r.id)?, Some(r.clone()));
-        assert_eq!(db.expired(4_999)?, Vec::<String>::new());
-        assert_eq!(db.expired(5_000)?, vec![r.id.clone()]);
+        assert!(db.expired(4_999)?.is_empty());
+        assert_eq!(db.expired(5_000)?, vec![(r.id.clone(), OnTimeout::Kill)]);
         db.insert(&row("sbx_00000000000000bb"))?;
         assert_eq!(
             db.expired(9_000)?,
-            vec![r.id.clone()],
+            vec![(r.id.clone(), OnTimeout::Kill)],
             "creating rows are not reaped"
         );
         assert!(db.set_state(&r.id, SandboxState::Failed, Some("boom"))?);

@@ -52,6 +52,16 @@ pub fn sandbox_failed() {
     metrics::counter!("hearth_sandbox_failures_total").increment(1);
 }
 
+pub fn sandbox_paused(took: Duration) {
+    metrics::counter!("hearth_sandbox_pauses_total").increment(1);
+    metrics::histogram!("hearth_sandbox_pause_seconds").record(took.as_secs_f64());
+}
+
+pub fn sandbox_resumed(took: Duration) {
+    metrics::counter!("hearth_sandbox_resumes_total").increment(1);
+    metrics::histogram!("hearth_sandbox_resume_seconds").record(took.as_secs_f64());
+}
+
 pub fn command_run(kind: &'static str) {
     metrics::counter!("hearth_commands_total", "kind" => kind).increment(1);
 }

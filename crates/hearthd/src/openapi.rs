@@ -14,6 +14,7 @@ use crate::http::{commands, files, sandboxes, system};
         license(name = "Apache-2.0")),
     paths(
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::destroy, sandboxes::set_timeout,
+        sandboxes::pause, sandboxes::resume, sandboxes::usage, sandboxes::usage_report,
         commands::run, commands::processes, commands::wait, commands::kill, commands::stdin,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         system::healthz, system::system, system::metrics, system::openapi,
@@ -25,6 +26,7 @@ use crate::http::{commands, files, sandboxes, system};
         (name = "sandboxes", description = "Create, list and destroy sandboxes"),
         (name = "commands", description = "Run commands and manage processes in a sandbox"),
         (name = "files", description = "Files in a sandbox"),
+        (name = "usage", description = "Metering: running, vCPU, memory and paused seconds per sandbox"),
         (name = "system", description = "Health, metrics and host report"),
     )
 )]

@@ -1,10 +1,12 @@
-//! Background tasks: the TTL reaper (destroys sandboxes whose `end_at` passed; `end_at` is persisted, so this
-//! works across restarts) and the health watcher (marks a sandbox `failed` when its VM process died or its
+//! Background tasks: the TTL reaper (destroys, or with `on_timeout: pause` pauses, sandboxes whose `end_at`
+//! passed; `end_at` is persisted, so this works across restarts) and the health watcher (marks a sandbox `failed` when its VM process died or its
 //! agent channel closed and could not be re-established).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use hearth_api::OnTimeout;
 
 use crate::service::agent::RECONNECT_WINDOW;
 use crate::service::{Sandboxes, now_ms};
@@ -43,15 +45,28 @@ pub async fn reaper(svc: Arc<Sandboxes>) {
                 continue;
             }
         };
-        for id in expired {
+        for (id, action) in expired {
             if !busy.try_claim(&id) {
                 continue;
             }
             let (svc, busy) = (svc.clone(), busy.clone());
             tokio::spawn(async move {
-                tracing::info!(sandbox = %id, "TTL expired");
-                if let Err(e) = svc.destroy(&id, "ttl").await {
-                    tracing::warn!(sandbox = %id, error = %e, "reaper: destroy failed");
+                tracing::info!(sandbox = %id, action = action.as_str(), "TTL expired");
+                match action {
+                    OnTimeout::Kill => {
+                        if let Err(e) = svc.destroy(&id, "ttl").await {
+                            tracing::warn!(sandbox = %id, error = %e, "reaper: destroy failed");
+                        }
+                    }
+                    OnTimeout::Pause => {
+                        if let Err(e) = svc.pause(&id).await {
+                            // A sandbox that cannot be paused is destroyed: the TTL must end its compute.
+                            tracing::warn!(sandbox = %id, error = %e, "reaper: pause failed; destroying");
+                            if let Err(e) = svc.destroy(&id, "ttl").await {
+                                tracing::warn!(sandbox = %id, error = %e, "reaper: destroy failed");
+                            }
+                        }
+                    }
                 }
                 busy.release(&id);
             });

@@ -187,6 +187,13 @@ impl Fixture {
             vmm: VmmKind::Qemu,
             handle: None,
             error: (state == SandboxState::Failed).then(|| "VM process exited".into()),
+            auto_resume: true,
+            on_timeout: hearth_api::OnTimeout::Kill,
+            timeout_s: 300,
+            parent_id: None,
+            snapshot_id: None,
+            paused: None,
+            disk: None,
         };
         self.state.sandboxes.db().insert(&row).expect("insert");
     }

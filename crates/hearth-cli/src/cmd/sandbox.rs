@@ -52,6 +52,7 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
         timeout_s: a.timeout,
         env: to_map(a.env),
         metadata: to_map(a.meta),
+        ..Default::default()
     };
     let what = match &req.template {
         Some(t) => format!("creating a sandbox from {}", output::clean(t)),

@@ -56,6 +56,9 @@ fn quick() -> TimeoutLayer {
 pub fn app(state: AppState) -> Router {
     let create_timeout = state.sandboxes.settings().ready_timeout + Duration::from_secs(90);
     let create = TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, create_timeout);
+    // Pause and resume copy and check the guest's memory: minutes on a slow disk. They run in their own tasks,
+    // so a timeout only stops the waiting.
+    let long = TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, Duration::from_secs(600));
     let v1 = Router::new()
         .route(
             "/sandboxes",
@@ -69,6 +72,13 @@ pub fn app(state: AppState) -> Router {
             "/sandboxes/{id}/timeout",
             post(sandboxes::set_timeout.layer(quick())),
         )
+        .route(
+            "/sandboxes/{id}/pause",
+            post(sandboxes::pause.layer(long)),
+        )
+        .route("/sandboxes/{id}/resume", post(sandboxes::resume.layer(long)))
+        .route("/sandboxes/{id}/usage", get(sandboxes::usage.layer(quick())))
+        .route("/usage", get(sandboxes::usage_report.layer(quick())))
         .route("/sandboxes/{id}/commands", post(commands::run))
         .route(
             "/sandboxes/{id}/processes",

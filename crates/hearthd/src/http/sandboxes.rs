@@ -1,9 +1,11 @@
-//! `/v1/sandboxes`: create, list, get, destroy, TTL.
+//! `/v1/sandboxes`: create, list, get, destroy, TTL, pause, resume, usage.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use hearth_api::{CreateSandboxRequest, ErrorBody, Sandbox, SandboxList, SetTimeoutRequest};
+use hearth_api::{
+    CreateSandboxRequest, ErrorBody, Sandbox, SandboxList, SandboxUsage, SetTimeoutRequest, UsageReport,
+};
 
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiQuery, SandboxId};
@@ -79,4 +81,69 @@ pub async fn set_timeout(
     ApiJson(req): ApiJson<SetTimeoutRequest>,
 ) -> Result<Json<Sandbox>, ApiError> {
     Ok(Json(st.sandboxes.set_timeout(&id, req.timeout_s)?))
+}
+
+/// Pause a running sandbox to zero: memory and device state are saved to disk and the VM process ends.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Paused (also when it already was)", body = Sandbox),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not running", body = ErrorBody),
+        (status = 502, description = "The capture failed; the sandbox keeps running if its VM still does", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn pause(State(st): State<AppState>, SandboxId(id): SandboxId) -> Result<Json<Sandbox>, ApiError> {
+    Ok(Json(st.sandboxes.pause(&id).await?))
+}
+
+/// Resume a paused sandbox into a fresh VM process (processes, memory and files as they were; clock corrected).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Running (also when it already was)", body = Sandbox),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not paused, or its snapshot was written by another VMM", body = ErrorBody),
+        (status = 422, description = "The paused state does not match its manifest (snapshot_corrupt)", body = ErrorBody),
+        (status = 502, description = "The restore failed; the sandbox stays paused", body = ErrorBody),
+        (status = 503, description = "Not enough memory left on the host", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn resume(State(st): State<AppState>, SandboxId(id): SandboxId) -> Result<Json<Sandbox>, ApiError> {
+    Ok(Json(st.sandboxes.resume(&id).await?))
+}
+
+/// Usage of one sandbox since its creation.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/usage", tag = "usage",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = SandboxUsage), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn usage(
+    State(st): State<AppState>,
+    SandboxId(id): SandboxId,
+) -> Result<Json<SandboxUsage>, ApiError> {
+    Ok(Json(st.sandboxes.sandbox_usage(&id)?))
+}
+
+/// Window of `GET /v1/usage`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageWindow {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+/// Usage of every sandbox (destroyed ones included) within a window; default: the last 24 hours.
+#[utoipa::path(get, path = "/v1/usage", tag = "usage",
+    params(
+        ("from" = Option<String>, Query, description = "Start: RFC 3339 or unix seconds (default: `to` minus 24 h)"),
+        ("to" = Option<String>, Query, description = "End: RFC 3339 or unix seconds (default: now)"),
+    ),
+    responses((status = 200, body = UsageReport), (status = 400, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn usage_report(
+    State(st): State<AppState>,
+    ApiQuery(w): ApiQuery<UsageWindow>,
+) -> Result<Json<UsageReport>, ApiError> {
+    Ok(Json(st.sandboxes.usage(w.from.as_deref(), w.to.as_deref())?))
 }

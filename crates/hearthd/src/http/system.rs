@@ -34,6 +34,9 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
             SandboxState::Running,
             SandboxState::Stopping,
             SandboxState::Failed,
+            SandboxState::Pausing,
+            SandboxState::Paused,
+            SandboxState::Resuming,
         ];
         let counts: Vec<_> = states
             .iter()

@@ -130,7 +130,11 @@ impl Sandboxes {
         if !hearth_api::is_valid_sandbox_id(id) {
             return Err(ServiceError::no_sandbox(id));
         }
-        let row = self.db.get(id)?.ok_or_else(|| ServiceError::no_sandbox(id))?;
+        let mut row = self.db.get(id)?.ok_or_else(|| ServiceError::no_sandbox(id))?;
+        if row.state != SandboxState::Running {
+            self.wake(&row).await?;
+            row = self.db.get(id)?.ok_or_else(|| ServiceError::no_sandbox(id))?;
+        }
         if row.state != SandboxState::Running {
             let why = row.error.map(|e| format!(": {e}")).unwrap_or_default();
             return Err(ServiceError::Conflict(format!(

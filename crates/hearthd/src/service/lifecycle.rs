@@ -8,13 +8,14 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::time::Duration;
 
-use hearth_api::{Capacity, CreateSandboxRequest, Sandbox, SandboxState, SystemInfo};
+use hearth_api::{Capacity, CreateSandboxRequest, OnTimeout, Sandbox, SandboxState, SystemInfo};
 use hearth_vmm::{VmHandle, VmSpec};
 use rand::RngCore;
 use tokio::time::Instant;
 
 use super::{Live, Sandboxes, ServiceError, clip, now_ms};
 use crate::db::SandboxRow;
+use crate::db::usage::UsageKind;
 use crate::metrics;
 
 pub const VCPUS: std::ops::RangeInclusive<u32> = 1..=16;
@@ -37,6 +38,8 @@ struct CreatePlan {
     timeout_s: u64,
     env: BTreeMap<String, String>,
     metadata: BTreeMap<String, String>,
+    auto_resume: bool,
+    on_timeout: OnTimeout,
 }
 
 /// Checks environment variable names (`[A-Za-z_][A-Za-z0-9_]*`) and values (no NUL), and the total size.
@@ -202,12 +205,14 @@ impl Sandboxes {
             timeout_s,
             env: req.env,
             metadata: req.metadata,
+            auto_resume: req.auto_resume.unwrap_or(true),
+            on_timeout: req.on_timeout.unwrap_or_default(),
         })
     }
 
     /// Refuses a sandbox whose memory would not fit next to the ones already running (memory is not
-    /// overcommitted; vCPUs are).
-    fn check_capacity(&self, memory_mib: u32) -> Result<(), ServiceError> {
+    /// overcommitted; vCPUs are). Paused sandboxes hold no memory.
+    pub(crate) fn check_capacity(&self, memory_mib: u32) -> Result<(), ServiceError> {
         let host = host_memory_mib();
         if host == 0 {
             return Ok(());
@@ -216,7 +221,7 @@ impl Sandboxes {
             .db
             .list()?
             .iter()
-            .filter(|r| matches!(r.state, SandboxState::Creating | SandboxState::Running))
+            .filter(|r| holds_vm(r.state))
             .map(|r| u64::from(r.memory_mib))
             .sum();
         // Keep a tenth of the host (at least 512 MiB) for the host itself and the VMM processes.
@@ -255,6 +260,13 @@ impl Sandboxes {
             vmm: self.vmm.kind(),
             handle: None,
             error: None,
+            auto_resume: plan.auto_resume,
+            on_timeout: plan.on_timeout,
+            timeout_s: plan.timeout_s,
+            parent_id: None,
+            snapshot_id: None,
+            paused: None,
+            disk: None,
         };
         // The intent goes to disk before anything is started.
         self.db.insert(&row)?;
@@ -299,6 +311,14 @@ impl Sandboxes {
                     )));
                 }
                 self.set_live(live);
+                // Booting counts as running time.
+                self.db.usage_switch(
+                    &row.id,
+                    Some(UsageKind::Running),
+                    row.created_at_ms,
+                    row.vcpus,
+                    row.memory_mib,
+                )?;
                 let row = self
                     .db
                     .get(&row.id)?
@@ -334,6 +354,7 @@ impl Sandboxes {
             .prepare_disk(&base, dir)
             .await
             .map_err(|e| format!("preparing the disk: {e}"))?;
+        self.db.set_disk(&row.id, &disk).map_err(|e| e.to_string())?;
         let spec = VmSpec {
             id: row.id.clone(),
             vcpus: row.vcpus,
@@ -432,6 +453,8 @@ impl Sandboxes {
         }
         self.teardown(id, row.handle.as_ref()).await;
         self.db.delete(id)?;
+        self.db
+            .usage_switch(id, None, now_ms(), row.vcpus, row.memory_mib)?;
         metrics::sandbox_destroyed(reason);
         tracing::info!(sandbox = %id, reason, "sandbox destroyed");
         Ok(())
@@ -442,6 +465,11 @@ impl Sandboxes {
     pub async fn fail(&self, id: &str, reason: &str) -> Result<(), ServiceError> {
         let lock = self.op_lock(id);
         let _guard = lock.lock().await;
+        self.fail_locked(id, reason).await
+    }
+
+    /// [`Self::fail`] for a caller that holds the sandbox's lifecycle lock.
+    pub(crate) async fn fail_locked(&self, id: &str, reason: &str) -> Result<(), ServiceError> {
         let Some(row) = self.db.get(id)? else {
             return Ok(());
         };
@@ -454,6 +482,8 @@ impl Sandboxes {
             .unwrap_or_default();
         let reason = format!("{reason}{console}");
         self.db.set_state(id, SandboxState::Failed, Some(&reason))?;
+        self.db
+            .usage_switch(id, None, now_ms(), row.vcpus, row.memory_mib)?;
         tracing::warn!(sandbox = %id, reason = %reason, "sandbox failed");
         if let Some(live) = self.take_live(id) {
             live.close().await;
@@ -528,15 +558,17 @@ impl Sandboxes {
             metadata: row.metadata.clone(),
             vmm: row.vmm.as_str().to_string(),
             error: row.error.clone(),
+            auto_resume: row.auto_resume,
+            on_timeout: row.on_timeout,
+            parent_id: row.parent_id.clone(),
+            snapshot_id: row.snapshot_id.clone(),
         }
     }
 
     /// The host report of `GET /v1/system`.
     pub fn system(&self) -> Result<SystemInfo, ServiceError> {
         let rows = self.db.list()?;
-        let active = rows
-            .iter()
-            .filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Creating));
+        let active = rows.iter().filter(|r| holds_vm(r.state));
         let (mut n, mut vcpus, mut mem) = (0u32, 0u32, 0u64);
         for r in active {
             n += 1;
@@ -562,6 +594,14 @@ impl Sandboxes {
             default_template: self.settings.default_template.clone(),
         })
     }
+}
+
+/// True in the states where a VM process exists (or is about to), holding its memory.
+pub(crate) fn holds_vm(state: SandboxState) -> bool {
+    matches!(
+        state,
+        SandboxState::Creating | SandboxState::Running | SandboxState::Pausing | SandboxState::Resuming
+    )
 }
 
 fn host_memory_mib() -> u64 {

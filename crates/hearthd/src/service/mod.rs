@@ -5,14 +5,20 @@
 //! - [`agent`]: the live agent connection of each running sandbox (connect, reconnect).
 //! - [`exec`]: commands (buffered, streamed, background) and the process table.
 //! - [`files`]: file content and metadata in the guest.
+//! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
+//! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
+//! - [`usage`]: usage reports from the recorded intervals.
 
 pub mod agent;
 pub mod exec;
 pub mod files;
 pub mod lifecycle;
+pub mod pause;
+pub mod snapshot;
+pub mod usage;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use hearth_api::{Check, ErrorCode};
@@ -48,6 +54,9 @@ pub enum ServiceError {
     /// The guest refused or failed the operation.
     #[error("{0}")]
     Guest(String),
+    /// A snapshot's files do not match its manifest.
+    #[error("{0}")]
+    SnapshotCorrupt(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -63,6 +72,7 @@ impl ServiceError {
             ServiceError::VmmFailed(_) => ErrorCode::VmmFailed,
             ServiceError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             ServiceError::Guest(_) => ErrorCode::GuestError,
+            ServiceError::SnapshotCorrupt(_) => ErrorCode::SnapshotCorrupt,
             ServiceError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -146,18 +156,28 @@ pub struct Sandboxes {
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
     /// Serialises lifecycle operations (create, destroy, fail) per sandbox.
     pub(crate) op_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// This service itself, for operations that run in their own task.
+    me: Weak<Sandboxes>,
 }
 
 impl Sandboxes {
     pub fn new(db: Db, vmm: Arc<dyn Vmm>, info: VmmInfo, settings: Settings) -> Arc<Self> {
-        Arc::new(Sandboxes {
+        Arc::new_cyclic(|me| Sandboxes {
             db,
             vmm,
             info,
             settings,
             live: Mutex::new(HashMap::new()),
             op_locks: Mutex::new(HashMap::new()),
+            me: me.clone(),
         })
+    }
+
+    /// A strong reference to this service (for work spawned into its own task).
+    pub(crate) fn arc(&self) -> Result<Arc<Sandboxes>, ServiceError> {
+        self.me
+            .upgrade()
+            .ok_or_else(|| ServiceError::Internal("the daemon is shutting down".into()))
     }
 
     pub fn db(&self) -> &Db {
