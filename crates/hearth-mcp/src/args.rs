@@ -37,7 +37,7 @@ pub struct CreateSandboxArgs {
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListSandboxesArgs {
-    /// Only sandboxes in this state: "creating", "running", "stopping" or "failed".
+    /// Only sandboxes in this state, e.g. "running" or "failed".
     #[serde(default)]
     pub state: Option<String>,
     /// Only sandboxes whose metadata contains all of these pairs.

@@ -184,7 +184,7 @@ impl HearthMcp {
             None => None,
             Some(s) => Some(tri!(SandboxState::parse(s).ok_or_else(|| {
                 format::invalid_argument(format!(
-                    "unknown state {s:?}: use creating, running, stopping or failed"
+                    "unknown state {s:?} (states: creating, running, stopping, failed, ...)"
                 ))
             }))),
         };
