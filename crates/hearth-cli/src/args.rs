@@ -43,6 +43,22 @@ pub enum Command {
     },
     /// Set a sandbox's remaining lifetime, counted from now.
     Timeout { id: String, seconds: u64 },
+    /// Pause a sandbox to zero: its memory and processes are saved to disk and its VM process ends.
+    Pause { id: String },
+    /// Resume a paused sandbox where it was (commands and file operations also resume it by themselves
+    /// unless it was created with `--no-auto-resume`).
+    Resume { id: String },
+    /// Show usage: one sandbox's since its creation, or every sandbox's within a window.
+    Usage {
+        /// One sandbox; all when omitted.
+        id: Option<String>,
+        /// Window start (RFC 3339 or unix seconds; default 24 hours before `--to`).
+        #[arg(long)]
+        from: Option<String>,
+        /// Window end (RFC 3339 or unix seconds; default now).
+        #[arg(long)]
+        to: Option<String>,
+    },
     /// Run a command in a sandbox, streaming its output; exits with the command's exit code.
     ///
     /// One argument containing spaces or shell syntax runs through `/bin/sh -c`; several arguments run as
@@ -106,6 +122,12 @@ pub struct CreateArgs {
     /// Metadata label (repeatable), usable as a filter with `ls --meta`.
     #[arg(long = "meta", short = 'm', value_name = "K=V", value_parser = parse_kv)]
     pub meta: Vec<(String, String)>,
+    /// Commands and file operations on the paused sandbox fail instead of resuming it.
+    #[arg(long)]
+    pub no_auto_resume: bool,
+    /// When the timeout passes, pause the sandbox instead of destroying it.
+    #[arg(long)]
+    pub pause_on_timeout: bool,
 }
 
 #[derive(Debug, Args)]

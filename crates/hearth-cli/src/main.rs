@@ -98,6 +98,11 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Info { id } => cmd::sandbox::info(ctx, &id).await,
         Command::Rm { ids } => cmd::sandbox::remove(ctx, &ids).await,
         Command::Timeout { id, seconds } => cmd::sandbox::timeout(ctx, &id, seconds).await,
+        Command::Pause { id } => cmd::sandbox::pause(ctx, &id).await,
+        Command::Resume { id } => cmd::sandbox::resume(ctx, &id).await,
+        Command::Usage { id, from, to } => {
+            cmd::sandbox::usage(ctx, id.as_deref(), from.as_deref(), to.as_deref()).await
+        }
         Command::Exec(a) => cmd::exec::exec(ctx, a).await,
         Command::Ps { id } => cmd::exec::ps(ctx, &id).await,
         Command::Wait { id, pid, timeout } => cmd::exec::wait(ctx, &id, pid, timeout).await,

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use hearth_api::{FileInfo, FileKind, ProcessInfo, Sandbox, SandboxState, SystemInfo};
+use hearth_api::{FileInfo, FileKind, ProcessInfo, Sandbox, SandboxState, SandboxUsage, SystemInfo};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use unicode_width::UnicodeWidthStr;
@@ -223,10 +223,42 @@ pub fn sandbox_details(s: &Sandbox, now: OffsetDateTime) -> String {
     for (k, v) in &s.metadata {
         pairs.push(("metadata", format!("{k}={v}")));
     }
+    if let Some(p) = &s.parent_id {
+        pairs.push(("parent", p.clone()));
+    }
+    if let Some(snap) = &s.snapshot_id {
+        pairs.push(("snapshot", snap.clone()));
+    }
+    if !s.auto_resume {
+        pairs.push(("auto-resume", "off".to_owned()));
+    }
+    pairs.push(("on timeout", s.on_timeout.as_str().to_owned()));
     if let Some(err) = &s.error {
         pairs.push(("error", err.clone()));
     }
     key_values(&pairs)
+}
+
+/// `hearth usage`: one row per sandbox.
+pub fn usage_table(rows: &[SandboxUsage]) -> String {
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|u| {
+            vec![
+                u.sandbox_id.clone(),
+                format!("{:.1}", u.running_seconds),
+                format!("{:.1}", u.vcpu_seconds),
+                format!("{:.0}", u.mib_seconds),
+                format!("{:.1}", u.paused_seconds),
+                u.snapshot_bytes.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &["ID", "RUNNING S", "VCPU S", "MIB S", "PAUSED S", "SNAPSHOT BYTES"],
+        &body,
+        Style::PLAIN,
+    )
 }
 
 /// `hearth ps`.

@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hearth_api::{CreateSandboxRequest, Sandbox, SandboxList, SandboxState, SetTimeoutRequest, SystemInfo};
+use hearth_api::{
+    CreateSandboxRequest, Sandbox, SandboxList, SandboxState, SandboxUsage, SetTimeoutRequest, SystemInfo,
+    UsageReport,
+};
 use reqwest::{Method, RequestBuilder, Response, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -238,6 +241,40 @@ impl Client {
         let url = self.url(&["v1", "sandboxes", id, "timeout"]);
         self.call(Method::POST, url, Some(&SetTimeoutRequest { timeout_s }))
             .await
+    }
+
+    /// `POST /v1/sandboxes/{id}/pause`: saves the running state to disk and ends the VM process.
+    pub async fn pause_sandbox(&self, id: &str) -> Result<Sandbox, Error> {
+        self.call::<(), _>(Method::POST, self.url(&["v1", "sandboxes", id, "pause"]), None)
+            .await
+    }
+
+    /// `POST /v1/sandboxes/{id}/resume`: restores a paused sandbox into a fresh VM process.
+    pub async fn resume_sandbox(&self, id: &str) -> Result<Sandbox, Error> {
+        self.call::<(), _>(Method::POST, self.url(&["v1", "sandboxes", id, "resume"]), None)
+            .await
+    }
+
+    /// `GET /v1/sandboxes/{id}/usage`: usage of one sandbox since its creation.
+    pub async fn sandbox_usage(&self, id: &str) -> Result<SandboxUsage, Error> {
+        self.call::<(), _>(Method::GET, self.url(&["v1", "sandboxes", id, "usage"]), None)
+            .await
+    }
+
+    /// `GET /v1/usage?from=&to=`: usage of every sandbox within a window (RFC 3339 or unix seconds; the
+    /// daemon defaults to the last 24 hours).
+    pub async fn usage(&self, from: Option<&str>, to: Option<&str>) -> Result<UsageReport, Error> {
+        let mut url = self.url(&["v1", "usage"]);
+        if from.is_some() || to.is_some() {
+            let mut q = url.query_pairs_mut();
+            if let Some(f) = from {
+                q.append_pair("from", f);
+            }
+            if let Some(t) = to {
+                q.append_pair("to", t);
+            }
+        }
+        self.call::<(), _>(Method::GET, url, None).await
     }
 }
 

@@ -52,7 +52,8 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
         timeout_s: a.timeout,
         env: to_map(a.env),
         metadata: to_map(a.meta),
-        ..Default::default()
+        auto_resume: a.no_auto_resume.then_some(false),
+        on_timeout: a.pause_on_timeout.then_some(hearth_api::OnTimeout::Pause),
     };
     let what = match &req.template {
         Some(t) => format!("creating a sandbox from {}", output::clean(t)),
@@ -120,5 +121,37 @@ pub async fn timeout(ctx: &Ctx, id: &str, seconds: u64) -> anyhow::Result<u8> {
     ctx.emit(&sandbox, || {
         format!("{} ends at {}\n", sandbox.id, output::clean(&sandbox.end_at))
     })?;
+    Ok(0)
+}
+
+pub async fn pause(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
+    let spinner = Spinner::start(format!("pausing {}", output::clean(id)));
+    let sandbox = ctx.client()?.pause_sandbox(id).await;
+    drop(spinner);
+    let sandbox = sandbox?;
+    ctx.emit(&sandbox, || format!("{} paused\n", sandbox.id))?;
+    Ok(0)
+}
+
+pub async fn resume(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
+    let spinner = Spinner::start(format!("resuming {}", output::clean(id)));
+    let sandbox = ctx.client()?.resume_sandbox(id).await;
+    drop(spinner);
+    let sandbox = sandbox?;
+    ctx.emit(&sandbox, || format!("{} running\n", sandbox.id))?;
+    Ok(0)
+}
+
+pub async fn usage(ctx: &Ctx, id: Option<&str>, from: Option<&str>, to: Option<&str>) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    let rows = match id {
+        Some(id) => {
+            let u = client.sandbox_usage(id).await?;
+            ctx.emit(&u, || output::usage_table(std::slice::from_ref(&u)))?;
+            return Ok(0);
+        }
+        None => client.usage(from, to).await?,
+    };
+    ctx.emit(&rows, || output::usage_table(&rows.sandboxes))?;
     Ok(0)
 }

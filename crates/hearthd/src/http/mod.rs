@@ -72,10 +72,7 @@ pub fn app(state: AppState) -> Router {
             "/sandboxes/{id}/timeout",
             post(sandboxes::set_timeout.layer(quick())),
         )
-        .route(
-            "/sandboxes/{id}/pause",
-            post(sandboxes::pause.layer(long)),
-        )
+        .route("/sandboxes/{id}/pause", post(sandboxes::pause.layer(long)))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume.layer(long)))
         .route("/sandboxes/{id}/usage", get(sandboxes::usage.layer(quick())))
         .route("/usage", get(sandboxes::usage_report.layer(quick())))

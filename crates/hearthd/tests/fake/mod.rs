@@ -79,6 +79,14 @@ async fn fake_agent(sock: UnixStream) {
                     send(&mut w, h.stream, &msg, b"").await
                 }
                 HostMsg::Ping => send(&mut w, h.stream, &GuestMsg::Pong, b"").await,
+                HostMsg::Sync => send(&mut w, h.stream, &GuestMsg::Ok, b"").await,
+                HostMsg::PostRestore(_) => {
+                    let report = hearth_proto::msg::PostRestoreReport {
+                        clock_set: true,
+                        ..Default::default()
+                    };
+                    send(&mut w, h.stream, &GuestMsg::PostRestored(report), b"").await
+                }
                 HostMsg::Exec(req) => {
                     let out = format!(
                         "ran {} with FOO={}\n",
