@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hearth_proto::ExecRequest;
-use hearth_proto::client::{AgentClient, ExecEvent};
+use hearth_proto::client::{AgentClient, ClientError, ExecEvent};
 use hearth_vmm::qemu::QemuVmm;
 use hearth_vmm::{Accel, BootImages, VmHandle, VmSpec, Vmm, VmmError};
 
@@ -93,6 +93,11 @@ async fn wait_for_agent(vmm: &QemuVmm, vm: &VmHandle) -> AgentClient {
         match vmm.connect_agent(vm).await {
             Ok(stream) => match AgentClient::connect(stream, Duration::from_secs(3)).await {
                 Ok(client) => return client,
+                Err(ClientError::VersionMismatch { host, agent }) => panic!(
+                    "the agent in {} speaks protocol {agent}, this build speaks {host}: the guest images are \
+                     stale, rebuild them with `sudo images/build.sh`",
+                    images_dir().display()
+                ),
                 Err(e) => last = e.to_string(),
             },
             Err(e) => last = e.to_string(),
