@@ -26,7 +26,8 @@ use crate::format::{self, Capped};
 const INSTRUCTIONS: &str = "hearth runs sandboxes: small Linux virtual machines, each with its own kernel. \
 Create one with create_sandbox, then run shell commands in it with exec and move files with write_file, \
 read_file and list_files, always passing the sandbox_id that create_sandbox returned. A sandbox is destroyed \
-when its timeout expires (extend it with set_timeout) or by kill_sandbox; kill sandboxes you no longer need.";
+when its timeout expires (extend it with set_timeout) or by kill_sandbox; kill sandboxes you no longer need. \
+pause_sandbox keeps a sandbox on disk without using CPU or memory until resume_sandbox.";
 
 /// Where tool calls get their API client.
 #[derive(Clone)]
@@ -356,6 +357,38 @@ impl HearthMcp {
         let path = a.path.unwrap_or_else(|| "/root".to_owned());
         let list = api!(client.list_dir(&a.sandbox_id, &path));
         ok_json(json!({ "path": path, "entries": to_json(&list.entries) }))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false, idempotent_hint = true),
+        description = "Pause a running sandbox to zero: its memory and state are saved to disk and its VM stops \
+                       (no CPU or RAM used; a paused sandbox does not expire). Processes, memory and files are \
+                       kept. Resume with resume_sandbox; exec and file tools also resume it by themselves unless \
+                       it was created with auto_resume off."
+    )]
+    async fn pause_sandbox(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let sbx = api!(client.pause_sandbox(&a.sandbox_id));
+        ok_json(to_json(&sbx))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false, idempotent_hint = true),
+        description = "Resume a paused sandbox: its processes, memory and files are as they were when paused. \
+                       Returns the running sandbox."
+    )]
+    async fn resume_sandbox(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let sbx = api!(client.resume_sandbox(&a.sandbox_id));
+        ok_json(to_json(&sbx))
     }
 
     #[tool(

@@ -57,7 +57,9 @@ async fn rmcp_client_over_stdio() {
             "kill_sandbox",
             "list_files",
             "list_sandboxes",
+            "pause_sandbox",
             "read_file",
+            "resume_sandbox",
             "sandbox_info",
             "set_timeout",
             "write_file"

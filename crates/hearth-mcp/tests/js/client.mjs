@@ -78,8 +78,8 @@ try {
   const names = tools.map((t) => t.name).sort();
   log(`tools: ${names.join(", ")}`);
   for (const want of [
-    "create_sandbox", "exec", "kill_sandbox", "list_files", "list_sandboxes", "read_file", "sandbox_info",
-    "set_timeout", "write_file",
+    "create_sandbox", "exec", "kill_sandbox", "list_files", "list_sandboxes", "pause_sandbox", "read_file",
+    "resume_sandbox", "sandbox_info", "set_timeout", "write_file",
   ]) {
     assert.ok(names.includes(want), `missing tool ${want}`);
   }
@@ -170,6 +170,24 @@ try {
 
       const extended = ok(await call("set_timeout", { sandbox_id: id, timeout_s: 900 }));
       assert.ok(Date.parse(extended.end_at) > Date.parse(sbx.end_at));
+
+      log("pause and resume");
+      // A background process and a file survive the pause.
+      ok(await call("exec", {
+        sandbox_id: id, command: "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > /root/sleeper.pid",
+      }));
+      const paused = ok(await call("pause_sandbox", { sandbox_id: id }));
+      assert.equal(paused.state, "paused");
+      assert.equal(ok(await call("sandbox_info", { sandbox_id: id })).state, "paused");
+      const resumed = ok(await call("resume_sandbox", { sandbox_id: id }));
+      assert.equal(resumed.state, "running");
+      out = ok(await call("exec", {
+        sandbox_id: id, command: "kill -0 $(cat /root/sleeper.pid) && cat /root/new/dir/notes.txt",
+      }));
+      assert.equal(out.exit_code, 0, JSON.stringify(out));
+      assert.equal(out.stdout, "line one\nsecond line ünïcode\n");
+      r = toolError(await call("resume_sandbox", { sandbox_id: "sb_doesnotexist" }));
+      assert.equal(json(r).error.code, "not_found");
     } finally {
       log("kill_sandbox");
       const killed = ok(await call("kill_sandbox", { sandbox_id: id }));
