@@ -547,6 +547,21 @@ mod tests {
         assert_eq!(c[0].status, CheckStatus::Warn);
     }
 
+    #[test]
+    fn checks_accept_a_complete_images_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for a in REQUIRED_IMAGES {
+            let p = dir.path().join(a);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, b"x").expect("write");
+        }
+        let c = checks(&host(KvmStatus::Usable(12), false, true, true), dir.path());
+        let status = |n: &str| c.iter().find(|c| c.name == n).map(|c| c.status);
+        assert_eq!(status("images"), Some(CheckStatus::Ok));
+        assert_eq!(status("kvm"), Some(CheckStatus::Ok));
+        assert_eq!(status("firecracker"), Some(CheckStatus::Ok));
+    }
+
     /// The build and CI machines are PVM guests (docs ENVIRONMENT.md): the probe must say so.
     #[test]
     fn this_machine_is_pvm() {
