@@ -17,6 +17,9 @@ use tokio::task::AbortHandle;
 use crate::procs::Sink;
 use crate::{Agent, AgentError, fail, log};
 
+/// How long an abandoned foreground process has between SIGTERM and SIGKILL.
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// Largest JSON batch of list entries, well under the 64 KiB header limit.
 pub(crate) const BATCH_BYTES: usize = 32 * 1024;
 
@@ -53,8 +56,9 @@ impl Streams {
         }
     }
 
-    /// The host no longer wants this stream: stop its task and detach its process.
-    fn abandon(&self, id: u32, agent: &Agent) {
+    /// The host no longer wants this stream: stop its task and detach its process; with `stop`, also stop
+    /// that process (an explicit `Abandon`; a lost connection does not stop anything).
+    fn abandon(&self, id: u32, agent: &Agent, stop: bool) {
         let entry = self.lock().remove(&id);
         if let Some(e) = entry {
             e.window.close();
@@ -65,6 +69,9 @@ impl Streams {
                 && let Ok(p) = agent.procs.get(pid)
             {
                 p.detach(id);
+                if stop {
+                    p.stop_with_grace(STOP_GRACE);
+                }
             }
         }
     }
@@ -72,7 +79,7 @@ impl Streams {
     fn abandon_all(&self, agent: &Agent) {
         let ids: Vec<u32> = self.lock().keys().copied().collect();
         for id in ids {
-            self.abandon(id, agent);
+            self.abandon(id, agent, false);
         }
     }
 }
@@ -158,6 +165,17 @@ where
             Err(e) => break Err(e),
         };
         let Ok(Header { stream, msg }) = frame.parse::<HostMsg>() else {
+            // A request this agent does not know (a newer host) or a malformed one: answer it, so the
+            // host does not wait forever.
+            if hello
+                && let Ok(Header { stream, .. }) = frame.parse::<serde::de::IgnoredAny>()
+                && stream != CONTROL_STREAM
+                && stream % 2 == 1
+                && !streams.lock().contains_key(&stream)
+            {
+                let msg = GuestMsg::error(ErrorKind::InvalidRequest, "unknown or malformed request");
+                let _ = out.send(stream, &msg, Bytes::new());
+            }
             continue;
         };
         if let HostMsg::Hello { version, nonce } = msg {
@@ -223,7 +241,7 @@ fn route(
             };
             let _ = e.inbound.send(item);
         }
-        HostMsg::Abandon => streams.abandon(stream, agent),
+        HostMsg::Abandon => streams.abandon(stream, agent, true),
         HostMsg::Hello { .. } => {}
         request => {
             if streams.lock().contains_key(&stream) {
@@ -300,6 +318,14 @@ async fn handle(
             procs.get(pid)?.kill(signal)?;
             ctx.reply(GuestMsg::Ok);
         }
+        HostMsg::Sync => {
+            crate::restore::sync_all().await?;
+            ctx.reply(GuestMsg::Ok);
+        }
+        HostMsg::PostRestore(req) => {
+            let report = crate::restore::post_restore(&ctx.agent.sys, req).await?;
+            ctx.reply(GuestMsg::PostRestored(report));
+        }
         HostMsg::ProcStdin { pid, eof } => {
             let p = procs.get(pid)?;
             if !data.is_empty() {
@@ -334,8 +360,13 @@ async fn exec(
         streams: ctx.streams.clone(),
     };
     let p = procs.spawn(req, Some(sink))?;
-    if let Some(e) = ctx.streams.lock().get_mut(&ctx.stream) {
-        e.pid = Some(p.pid);
+    match ctx.streams.lock().get_mut(&ctx.stream) {
+        Some(e) => e.pid = Some(p.pid),
+        // Abandoned while it was starting.
+        None => {
+            p.detach(ctx.stream);
+            p.stop_with_grace(STOP_GRACE);
+        }
     }
     // Feed stdin until the host says EOF (or the stream ends); output and exit are the supervisor's job.
     let mut stdin_ok = wants_stdin;

@@ -7,6 +7,8 @@
 //! - `procs`: spawning (own session/process group, base env, cwd), output pumps with flow control, timeouts,
 //!   bounded output tails, exit statuses.
 //! - `files`: file requests (read/write streamed, stat, list, mkdir, remove, rename) with typed errors.
+//! - `restore`: snapshot support: `Sync` (flush every file system) and `PostRestore` (clock, RNG reseed,
+//!   hostname, machine-id), configured by [`SystemConfig`].
 //! - `reaper`: the single process-wide SIGCHLD-style reaper that hands exit statuses to their waiters and
 //!   reaps orphans (PID 1 duty).
 //! - [`init`]: PID 1 setup (mounts, hostname, `lo`, kernel command line, logging to the console).
@@ -19,6 +21,7 @@ mod files;
 pub mod init;
 mod procs;
 mod reaper;
+mod restore;
 pub mod transport;
 
 use std::sync::Arc;
@@ -27,6 +30,7 @@ use hearth_proto::ErrorKind;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use procs::DEFAULT_PATH;
+pub use restore::SystemConfig;
 
 /// A failed request, answered with `Error{kind, message}`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,11 +56,21 @@ pub fn log(msg: &str) {
 #[derive(Clone, Default)]
 pub struct Agent {
     pub(crate) procs: Arc<procs::ProcTable>,
+    pub(crate) sys: Arc<SystemConfig>,
 }
 
 impl Agent {
+    /// An agent that changes the real system on `PostRestore` (what PID 1 in the guest uses).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An agent whose `PostRestore` only touches what `sys` allows (tests on a host).
+    pub fn with_system(sys: SystemConfig) -> Self {
+        Agent {
+            procs: Arc::default(),
+            sys: Arc::new(sys),
+        }
     }
 
     /// Serve one connection until the host disconnects. Must run inside a tokio runtime with time and I/O.

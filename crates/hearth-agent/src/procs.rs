@@ -137,6 +137,22 @@ impl Proc {
         }
     }
 
+    /// Stop the process group the polite way first: SIGHUP and SIGTERM now, SIGKILL after `grace` if the
+    /// process has not exited by then. Returns at once (a task does the waiting).
+    pub fn stop_with_grace(self: &Arc<Self>, grace: Duration) {
+        if self.exit_status().is_some() {
+            return;
+        }
+        let _ = self.kill(libc::SIGHUP);
+        let _ = self.kill(libc::SIGTERM);
+        let me = self.clone();
+        tokio::spawn(async move {
+            if tokio::time::timeout(grace, me.wait()).await.is_err() {
+                let _ = me.kill(libc::SIGKILL);
+            }
+        });
+    }
+
     /// Write to the process' stdin pipe.
     pub async fn write_stdin(&self, data: &[u8]) -> Result<(), AgentError> {
         let mut stdin = self.stdin.lock().await;

@@ -197,25 +197,82 @@ async fn ten_megabytes_of_output_pass_intact_with_backpressure() {
 }
 
 #[tokio::test]
-async fn dropped_exec_handle_keeps_the_connection_healthy() {
+async fn dropped_exec_handle_stops_the_process() {
     let (_a, c) = setup().await;
+    // `yes | head -2` on the host side: read a little, then hang up.
     let mut h = c.exec(ExecRequest::argv(["yes", "spam"])).await.expect("exec");
     let pid = h.pid;
     assert!(matches!(h.next_event().await, Some(ExecEvent::Stdout(_))));
+    let t0 = Instant::now();
     drop(h);
-    // The process runs on (its output discarded by the agent); the channel still works.
+    // The channel still works while the agent stops it.
     for _ in 0..20 {
         c.ping().await.expect("ping after drop");
     }
-    let procs = c.list_processes().await.expect("list");
-    let p = procs.iter().find(|p| p.pid == pid).expect("still tracked");
-    assert!(p.exit.is_none());
-    c.kill_process(pid, 9).await.expect("kill");
-    let exit = c.wait_process(pid).await.expect("wait");
-    assert_eq!(exit.signal, Some(9));
-    assert!(exit.stdout_tail.len() <= hearth_proto::TAIL_MAX);
+    // It stays waitable by pid and ends by SIGHUP (the first signal it gets; `yes` does not catch it).
+    let exit = tokio::time::timeout(T, c.wait_process(pid))
+        .await
+        .expect("stopped in time")
+        .expect("wait");
+    assert_eq!(exit.signal, Some(libc::SIGHUP));
+    assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
     assert!(exit.stdout_tail.ends_with(b"spam\n") || exit.stdout_tail.ends_with(b"spam"));
+    // A process that ignores SIGHUP and SIGTERM is killed after the grace period, group included.
+    let mut h = c
+        .exec(ExecRequest::shell(
+            "trap '' HUP TERM; sh -c 'trap \"\" HUP TERM; sleep 60' & echo $!; wait",
+        ))
+        .await
+        .expect("exec");
+    let pid = h.pid;
+    let child: i32 = match h.next_event().await {
+        Some(ExecEvent::Stdout(d)) => String::from_utf8_lossy(&d).trim().parse().expect("child pid"),
+        other => panic!("unexpected {other:?}"),
+    };
+    let t0 = Instant::now();
+    drop(h);
+    let exit = tokio::time::timeout(T, c.wait_process(pid))
+        .await
+        .expect("killed in time")
+        .expect("wait");
+    let waited = t0.elapsed();
+    assert_eq!(exit.signal, Some(libc::SIGKILL));
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(5),
+        "SIGKILL after {waited:?}"
+    );
+    // The grandchild in the same process group is gone too (a zombie until someone reaps it at most).
+    let state = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+    let state = state.rsplit(')').next().unwrap_or("").trim_start().chars().next();
+    assert!(
+        matches!(state, None | Some('Z') | Some('X')),
+        "grandchild state {state:?}"
+    );
     assert!(!c.is_closed());
+}
+
+#[tokio::test]
+async fn lost_connection_does_not_stop_foreground_processes() {
+    let agent = hearth_agent::Agent::new();
+    let c1 = connect(&agent).await;
+    let mut h = c1.exec(ExecRequest::argv(["yes", "spam"])).await.expect("exec");
+    let pid = h.pid;
+    assert!(matches!(h.next_event().await, Some(ExecEvent::Stdout(_))));
+    // The connection dies (daemon restart): nothing is sent, so no Abandon.
+    c1.close();
+    drop(h);
+    drop(c1);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let c2 = connect(&agent).await;
+    assert_eq!(
+        c2.wait_process_timeout(pid, Duration::from_millis(100))
+            .await
+            .expect("wait"),
+        None,
+        "still running after the grace period"
+    );
+    c2.kill_process(pid, 9).await.expect("kill");
+    assert_eq!(c2.wait_process(pid).await.expect("wait").signal, Some(9));
 }
 
 #[tokio::test]
