@@ -32,6 +32,15 @@ pub fn is_valid_sandbox_id(id: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// Validates a snapshot id: `snp_` followed by 16 lowercase hex digits (used to build host paths).
+pub fn is_valid_snapshot_id(id: &str) -> bool {
+    id.len() == 20
+        && id.starts_with("snp_")
+        && id[4..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// Validates a template name: 1-63 chars of `[a-z0-9-]`, starting with a letter or digit.
 pub fn is_valid_template_name(name: &str) -> bool {
     !name.is_empty()

@@ -32,6 +32,10 @@ pub struct CreateSandboxRequest {
     /// What the TTL does when it passes: `kill` (default) destroys the sandbox, `pause` pauses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_timeout: Option<OnTimeout>,
+    /// Start from this snapshot (`snp_...`) instead of booting a template: the new sandbox continues the
+    /// snapshot's processes, memory and files (its template, vCPUs and memory are the snapshot's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// What happens to a sandbox when its TTL passes.
@@ -190,4 +194,45 @@ pub struct UsageReport {
     /// RFC 3339 end of the window.
     pub to: String,
     pub sandboxes: Vec<SandboxUsage>,
+}
+
+/// Body of `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many children (1-16). Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+}
+
+/// Answer of `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct ForkResponse {
+    /// The snapshot the children were restored from.
+    pub snapshot_id: String,
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// A snapshot: a sandbox's running state (memory, devices, disk) at one moment.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct SnapshotObject {
+    pub id: String,
+    /// The sandbox it was taken from (which may since be gone).
+    pub sandbox_id: String,
+    /// RFC 3339.
+    pub created_at: String,
+    pub size_bytes: u64,
+    pub template: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+}
+
+/// Body of `GET /v1/snapshots`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct SnapshotList {
+    pub snapshots: Vec<SnapshotObject>,
 }

@@ -128,6 +128,9 @@ pub struct CreateArgs {
     /// When the timeout passes, pause the sandbox instead of destroying it.
     #[arg(long)]
     pub pause_on_timeout: bool,
+    /// Start from this snapshot (`snp_...`, see `hearth snapshot`) instead of booting a template.
+    #[arg(long)]
+    pub snapshot: Option<String>,
 }
 
 #[derive(Debug, Args)]

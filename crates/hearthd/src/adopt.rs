@@ -123,6 +123,7 @@ pub async fn recover(svc: &Arc<Sandboxes>) -> Result<(), ServiceError> {
         }
     }
     remove_orphans(svc)?;
+    remove_orphan_snapshots(svc)?;
     reconcile_usage(svc)?;
     Ok(())
 }
@@ -206,6 +207,28 @@ async fn finish_resume(svc: &Arc<Sandboxes>, row: SandboxRow) -> Result<(), Serv
     svc.db()
         .transition(&row.id, SandboxState::Resuming, SandboxState::Paused)?;
     tracing::info!(sandbox = %row.id, "rolled an interrupted resume back to paused");
+    Ok(())
+}
+
+/// Removes snapshot directories that no row owns (a checkpoint interrupted between the rename and the
+/// insert) and interrupted writes.
+fn remove_orphan_snapshots(svc: &Sandboxes) -> Result<(), ServiceError> {
+    let dir = svc.settings().paths.snapshots_dir();
+    snapshot::remove_temporaries(&dir);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let owned = match name.to_str() {
+            Some(id) if hearth_api::is_valid_snapshot_id(id) => svc.db().get_snapshot(id)?.is_some(),
+            _ => false,
+        };
+        if !owned {
+            tracing::info!(path = %entry.path().display(), "removing unowned snapshot directory");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
     Ok(())
 }
 

@@ -81,6 +81,16 @@ impl Paths {
         self.sandboxes_dir().join(id)
     }
 
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.data_dir.join("snapshots")
+    }
+
+    /// Directory of one snapshot. `id` must already be validated with `hearth_api::is_valid_snapshot_id`.
+    pub fn snapshot_dir(&self, id: &str) -> PathBuf {
+        debug_assert!(hearth_api::is_valid_snapshot_id(id));
+        self.snapshots_dir().join(id)
+    }
+
     /// Root filesystem image of a template. `name` must already be validated.
     pub fn template_image(&self, name: &str) -> PathBuf {
         debug_assert!(hearth_api::is_valid_template_name(name));

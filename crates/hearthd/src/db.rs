@@ -4,6 +4,7 @@
 //! so that a restart can finish or roll back whatever was in flight. Migrations are numbered by SQLite's
 //! `user_version`. Usage intervals live in [`usage`].
 
+pub mod snapshots;
 pub mod usage;
 
 use std::collections::BTreeMap;
@@ -55,6 +56,17 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX usage_by_sandbox ON usage (sandbox_id, start_at);
     CREATE INDEX usage_by_time ON usage (start_at);",
+    // 3: snapshot objects (checkpoints of running sandboxes; forks restore from them).
+    "CREATE TABLE snapshots (
+        id          TEXT PRIMARY KEY NOT NULL,
+        sandbox_id  TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,  -- unix milliseconds
+        size_bytes  INTEGER NOT NULL,
+        template    TEXT NOT NULL,
+        vcpus       INTEGER NOT NULL,
+        memory_mib  INTEGER NOT NULL,
+        env         TEXT NOT NULL      -- JSON object: the source's environment, inherited by its restores
+    );",
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -15,6 +15,7 @@ use crate::http::{commands, files, sandboxes, system};
     paths(
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::destroy, sandboxes::set_timeout,
         sandboxes::pause, sandboxes::resume, sandboxes::usage, sandboxes::usage_report,
+        sandboxes::fork, sandboxes::snapshot, sandboxes::list_snapshots, sandboxes::delete_snapshot,
         commands::run, commands::processes, commands::wait, commands::kill, commands::stdin,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         system::healthz, system::system, system::metrics, system::openapi,
@@ -26,6 +27,7 @@ use crate::http::{commands, files, sandboxes, system};
         (name = "sandboxes", description = "Create, list and destroy sandboxes"),
         (name = "commands", description = "Run commands and manage processes in a sandbox"),
         (name = "files", description = "Files in a sandbox"),
+        (name = "snapshots", description = "Checkpoints of running sandboxes, forks, and sandboxes started from them"),
         (name = "usage", description = "Metering: running, vCPU, memory and paused seconds per sandbox"),
         (name = "system", description = "Health, metrics and host report"),
     )

@@ -54,6 +54,7 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
         metadata: to_map(a.meta),
         auto_resume: a.no_auto_resume.then_some(false),
         on_timeout: a.pause_on_timeout.then_some(hearth_api::OnTimeout::Pause),
+        snapshot: a.snapshot,
     };
     let what = match &req.template {
         Some(t) => format!("creating a sandbox from {}", output::clean(t)),

@@ -1,10 +1,11 @@
-//! `/v1/sandboxes`: create, list, get, destroy, TTL, pause, resume, usage.
+//! `/v1/sandboxes`: create, list, get, destroy, TTL, pause, resume, usage; fork and snapshots.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use hearth_api::{
-    CreateSandboxRequest, ErrorBody, Sandbox, SandboxList, SandboxUsage, SetTimeoutRequest, UsageReport,
+    CreateSandboxRequest, ErrorBody, ForkRequest, ForkResponse, Sandbox, SandboxList, SandboxUsage,
+    SetTimeoutRequest, SnapshotList, SnapshotObject, UsageReport,
 };
 
 use super::AppState;
@@ -146,4 +147,71 @@ pub async fn usage_report(
     ApiQuery(w): ApiQuery<UsageWindow>,
 ) -> Result<Json<UsageReport>, ApiError> {
     Ok(Json(st.sandboxes.usage(w.from.as_deref(), w.to.as_deref())?))
+}
+
+/// Fork a running sandbox into `count` children (1-16) that continue its processes, memory and files; the
+/// parent keeps running. Each child gets its own disk, hostname, machine-id and fresh entropy.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "snapshots", request_body = ForkRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 201, description = "The children run", body = ForkResponse),
+        (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not running", body = ErrorBody),
+        (status = 502, body = ErrorBody),
+        (status = 503, description = "Not enough memory left on the host", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn fork(
+    State(st): State<AppState>,
+    SandboxId(id): SandboxId,
+    ApiJson(req): ApiJson<ForkRequest>,
+) -> Result<(StatusCode, Json<ForkResponse>), ApiError> {
+    let count = req.count.unwrap_or(1);
+    Ok((StatusCode::CREATED, Json(st.sandboxes.fork(&id, count).await?)))
+}
+
+/// Checkpoint a running sandbox into a snapshot object; the sandbox is stopped only while it is captured.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 201, body = SnapshotObject),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not running", body = ErrorBody),
+        (status = 502, body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn snapshot(
+    State(st): State<AppState>,
+    SandboxId(id): SandboxId,
+) -> Result<(StatusCode, Json<SnapshotObject>), ApiError> {
+    Ok((StatusCode::CREATED, Json(st.sandboxes.checkpoint(&id).await?)))
+}
+
+/// List snapshots.
+#[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots",
+    responses((status = 200, body = SnapshotList)),
+    security(("api_key" = [])))]
+pub async fn list_snapshots(State(st): State<AppState>) -> Result<Json<SnapshotList>, ApiError> {
+    Ok(Json(SnapshotList {
+        snapshots: st.sandboxes.list_snapshots()?,
+    }))
+}
+
+/// Delete a snapshot. Refused (409) while a sandbox created from it exists: its disk is layered on the
+/// snapshot's disk copy.
+#[utoipa::path(delete, path = "/v1/snapshots/{id}", tag = "snapshots",
+    params(("id" = String, Path, description = "Snapshot id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Sandboxes use it", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn delete_snapshot(
+    State(st): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<StatusCode, ApiError> {
+    st.sandboxes.delete_snapshot(&id)?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -30,6 +30,9 @@ const MAX_METADATA_ENTRIES: usize = 64;
 const MAX_METADATA_KEY: usize = 64;
 const MAX_METADATA_VALUE: usize = 512;
 
+/// A verified snapshot to restore instead of booting: its directory and what its driver wrote.
+type Restore = (std::path::PathBuf, hearth_vmm::SnapshotInfo);
+
 /// A validated create request.
 struct CreatePlan {
     template: String,
@@ -40,6 +43,7 @@ struct CreatePlan {
     metadata: BTreeMap<String, String>,
     auto_resume: bool,
     on_timeout: OnTimeout,
+    snapshot: Option<String>,
 }
 
 /// Checks environment variable names (`[A-Za-z_][A-Za-z0-9_]*`) and values (no NUL), and the total size.
@@ -165,7 +169,36 @@ fn printable(line: &str) -> String {
 }
 
 impl Sandboxes {
-    fn plan(&self, req: CreateSandboxRequest) -> Result<CreatePlan, ServiceError> {
+    fn plan(&self, mut req: CreateSandboxRequest) -> Result<CreatePlan, ServiceError> {
+        if let Some(snap) = &req.snapshot {
+            // The snapshot fixes the template and the shape; its environment is inherited.
+            if !hearth_api::is_valid_snapshot_id(snap) {
+                return Err(ServiceError::NotFound(format!(
+                    "snapshot {} not found",
+                    clip(snap, 32)
+                )));
+            }
+            let s = self
+                .db
+                .get_snapshot(snap)?
+                .ok_or_else(|| ServiceError::NotFound(format!("snapshot {snap} not found")))?;
+            let differs = |asked: Option<u32>, have: u32| asked.is_some_and(|a| a != have);
+            if req.template.as_ref().is_some_and(|t| *t != s.template)
+                || differs(req.vcpus, s.vcpus)
+                || differs(req.memory_mib, s.memory_mib)
+            {
+                return Err(ServiceError::InvalidArgument(format!(
+                    "snapshot {snap} fixes template {}, {} vCPUs and {} MiB",
+                    s.template, s.vcpus, s.memory_mib
+                )));
+            }
+            req.template = Some(s.template);
+            req.vcpus = Some(s.vcpus);
+            req.memory_mib = Some(s.memory_mib);
+            let mut env = s.env;
+            env.append(&mut req.env);
+            req.env = env;
+        }
         let template = req
             .template
             .unwrap_or_else(|| self.settings.default_template.clone());
@@ -207,6 +240,7 @@ impl Sandboxes {
             metadata: req.metadata,
             auto_resume: req.auto_resume.unwrap_or(true),
             on_timeout: req.on_timeout.unwrap_or_default(),
+            snapshot: req.snapshot,
         })
     }
 
@@ -239,8 +273,35 @@ impl Sandboxes {
         self: &std::sync::Arc<Self>,
         req: CreateSandboxRequest,
     ) -> Result<Sandbox, ServiceError> {
+        self.create_child(req, None).await
+    }
+
+    /// [`Self::create`], recording `parent` as the new sandbox's parent (forks).
+    pub(crate) async fn create_child(
+        self: &std::sync::Arc<Self>,
+        req: CreateSandboxRequest,
+        parent: Option<String>,
+    ) -> Result<Sandbox, ServiceError> {
         let plan = self.plan(req)?;
         self.check_capacity(plan.memory_mib)?;
+        // A snapshot is checked against its manifest before anything is created from it.
+        let restore = match &plan.snapshot {
+            Some(snap) => {
+                let dir = self.settings.paths.snapshot_dir(snap);
+                let kind = self.vmm.kind();
+                let d = dir.clone();
+                let manifest = tokio::task::spawn_blocking(move || super::snapshot::verify(&d, kind))
+                    .await
+                    .map_err(|e| ServiceError::Internal(format!("verify task: {e}")))??;
+                if manifest.info.disk.is_none() {
+                    return Err(ServiceError::SnapshotCorrupt(format!(
+                        "snapshot {snap} has no disk copy"
+                    )));
+                }
+                Some((dir, manifest.info))
+            }
+            None => None,
+        };
         let started = Instant::now();
         let now = now_ms();
         let mut id = new_sandbox_id();
@@ -263,15 +324,15 @@ impl Sandboxes {
             auto_resume: plan.auto_resume,
             on_timeout: plan.on_timeout,
             timeout_s: plan.timeout_s,
-            parent_id: None,
-            snapshot_id: None,
+            parent_id: parent,
+            snapshot_id: plan.snapshot.clone(),
             paused: None,
             disk: None,
         };
         // The intent goes to disk before anything is started.
         self.db.insert(&row)?;
         let this = self.clone();
-        let task = tokio::spawn(async move { this.boot(row).await });
+        let task = tokio::spawn(async move { this.boot(row, restore).await });
         let result = match task.await {
             Ok(r) => r,
             Err(e) => {
@@ -291,12 +352,12 @@ impl Sandboxes {
     }
 
     /// Boots the VM of a `creating` row; on failure everything of it is removed again.
-    async fn boot(&self, row: SandboxRow) -> Result<Sandbox, ServiceError> {
+    async fn boot(&self, row: SandboxRow, restore: Option<Restore>) -> Result<Sandbox, ServiceError> {
         let lock = self.op_lock(&row.id);
         let _guard = lock.lock().await;
         let dir = self.settings.paths.sandbox_dir(&row.id);
         let mut handle = None;
-        match self.boot_steps(&row, &dir, &mut handle).await {
+        match self.boot_steps(&row, &dir, restore, &mut handle).await {
             Ok(live) => {
                 if !self
                     .db
@@ -340,6 +401,7 @@ impl Sandboxes {
         &self,
         row: &SandboxRow,
         dir: &Path,
+        restore: Option<Restore>,
         handle: &mut Option<VmHandle>,
     ) -> Result<std::sync::Arc<Live>, String> {
         let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
@@ -348,7 +410,11 @@ impl Sandboxes {
             .mode(0o700)
             .create(dir)
             .map_err(|e| io("create", e))?;
-        let base = self.settings.paths.template_image(&row.template);
+        let base = match &restore {
+            // A restored VM continues with a copy-on-write disk over the snapshot's disk copy.
+            Some((snap, info)) => snap.join(info.disk.as_deref().unwrap_or_default()),
+            None => self.settings.paths.template_image(&row.template),
+        };
         let disk = self
             .vmm
             .prepare_disk(&base, dir)
@@ -364,11 +430,18 @@ impl Sandboxes {
             run_dir: dir.to_path_buf(),
             hostname: row.id.replace('_', "-"),
         };
-        let vm = self
-            .vmm
-            .start(&spec)
-            .await
-            .map_err(|e| format!("starting the VM: {e}"))?;
+        let vm = match &restore {
+            Some((snap, info)) => self
+                .vmm
+                .restore(&spec, snap, info)
+                .await
+                .map_err(|e| format!("restoring the VM: {e}"))?,
+            None => self
+                .vmm
+                .start(&spec)
+                .await
+                .map_err(|e| format!("starting the VM: {e}"))?,
+        };
         *handle = Some(vm.clone());
         // Recorded at once so that a restart finds (and stops) this VM even if we die right now.
         self.db.set_handle(&row.id, &vm).map_err(|e| e.to_string())?;
@@ -388,6 +461,18 @@ impl Sandboxes {
             .await
             .map_err(|_| "guest agent did not answer a ping".to_string())?
             .map_err(|e| format!("guest agent ping: {e}"))?;
+        if restore.is_some() {
+            // Every restore of a shared snapshot gets its own identity and fresh entropy before user code.
+            let machine_id = {
+                let mut b = [0u8; 16];
+                rand::rng().fill_bytes(&mut b);
+                b[0] |= 1;
+                hex::encode(b)
+            };
+            super::pause::guest_after_restore(&client, &row.id, Some((&spec.hostname, &machine_id)))
+                .await
+                .map_err(|e| format!("post-restore setup: {e}"))?;
+        }
         Ok(std::sync::Arc::new(Live::new(
             row.id.clone(),
             vm,

@@ -5,6 +5,7 @@
 //! - [`agent`]: the live agent connection of each running sandbox (connect, reconnect).
 //! - [`exec`]: commands (buffered, streamed, background) and the process table.
 //! - [`files`]: file content and metadata in the guest.
+//! - [`fork`]: snapshot objects (checkpoints), creating from them, forks.
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
 //! - [`usage`]: usage reports from the recorded intervals.
@@ -12,6 +13,7 @@
 pub mod agent;
 pub mod exec;
 pub mod files;
+pub mod fork;
 pub mod lifecycle;
 pub mod pause;
 pub mod snapshot;

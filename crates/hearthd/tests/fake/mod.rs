@@ -210,14 +210,20 @@ impl Vmm for FakeVmm {
         };
         std::fs::write(dest.join("memory"), vec![0x5a; 256 * 1024]).map_err(io)?;
         std::fs::write(dest.join("state"), format!("pid {}", vm.pid)).map_err(io)?;
+        let mut files = vec!["memory".to_string(), "state".to_string()];
+        let mut disk = None;
         if mode == SnapshotMode::Pause {
             self.stop(vm).await?;
+        } else {
+            std::fs::write(dest.join("disk"), b"disk copy").map_err(io)?;
+            files.push("disk".into());
+            disk = Some("disk".to_string());
         }
         Ok(SnapshotInfo {
             kind: VmmKind::Qemu,
             vmm_version: "fake 1".into(),
-            files: vec!["memory".into(), "state".into()],
-            disk: None,
+            files,
+            disk,
             memory_mib: 512,
             vcpus: 1,
         })

@@ -1,0 +1,187 @@
+//! Snapshot objects and forks.
+//!
+//! A checkpoint (`POST /v1/sandboxes/{id}/snapshots`) flushes the guest's disks, then the driver stops the VM
+//! only while it saves memory, device state and a copy of the disk into a durable snapshot directory
+//! `<data>/snapshots/<snp_id>` ([`super::snapshot`]); the source continues. The row is inserted after the
+//! directory is in place. `POST /v1/sandboxes {snapshot}` restores a new sandbox from it with its own
+//! copy-on-write disk over the snapshot's disk copy, a new hostname and machine-id and fresh entropy.
+//!
+//! A fork of `count` is one checkpoint of the parent and `count` such restores, each recording the parent.
+//!
+//! Deleting a snapshot whose disk copy backs a sandbox's disk is refused (409) until those sandboxes are
+//! destroyed: copying the disk on delete would cost the size of the template per sandbox. Snapshots never
+//! expire and never touch their source.
+
+use hearth_api::{CreateSandboxRequest, ForkResponse, SandboxState, SnapshotObject};
+use hearth_vmm::SnapshotMode;
+use rand::RngCore;
+
+use super::lifecycle::rfc3339;
+use super::snapshot::{self, SnapshotMeta};
+use super::{Sandboxes, ServiceError, now_ms};
+use crate::db::snapshots::SnapshotRow;
+
+/// Children one fork may create.
+pub const FORK_COUNT: std::ops::RangeInclusive<u32> = 1..=16;
+
+fn new_snapshot_id() -> String {
+    let mut bytes = [0u8; 8];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("snp_{}", hex::encode(bytes))
+}
+
+fn to_api(s: &SnapshotRow) -> SnapshotObject {
+    SnapshotObject {
+        id: s.id.clone(),
+        sandbox_id: s.sandbox_id.clone(),
+        created_at: rfc3339(s.created_at_ms),
+        size_bytes: s.size_bytes,
+        template: s.template.clone(),
+        vcpus: s.vcpus,
+        memory_mib: s.memory_mib,
+    }
+}
+
+impl Sandboxes {
+    /// Checkpoints running sandbox `id` into a new snapshot object; the sandbox continues.
+    pub async fn checkpoint(&self, id: &str) -> Result<SnapshotObject, ServiceError> {
+        let row = self.row(id)?;
+        self.wake(&row).await?;
+        let this = self.arc()?;
+        let id = id.to_string();
+        tokio::spawn(async move { this.checkpoint_now(&id).await })
+            .await
+            .unwrap_or_else(|e| Err(ServiceError::Internal(format!("checkpoint task: {e}"))))
+    }
+
+    async fn checkpoint_now(&self, id: &str) -> Result<SnapshotObject, ServiceError> {
+        let lock = self.op_lock(id);
+        let _guard = lock.lock().await;
+        let row = self.row(id)?;
+        if row.state != SandboxState::Running {
+            return Err(ServiceError::Conflict(format!(
+                "sandbox {id} is {}, only a running sandbox can be snapshotted",
+                row.state.as_str()
+            )));
+        }
+        let (Some(handle), Some(disk)) = (row.handle.clone(), row.disk.clone()) else {
+            return Err(ServiceError::Internal(format!(
+                "sandbox {id} has no VM handle or disk recorded"
+            )));
+        };
+        if let Some(live) = self.live(id) {
+            let client = self
+                .ensure_connected(&live, std::time::Duration::from_secs(5))
+                .await?;
+            super::pause::guest_sync(&client).await?;
+        }
+        let parent = self.settings.paths.snapshots_dir();
+        std::fs::create_dir_all(&parent)
+            .map_err(|e| ServiceError::Internal(format!("creating {}: {e}", parent.display())))?;
+        let mut snap_id = new_snapshot_id();
+        while self.db.get_snapshot(&snap_id)?.is_some() {
+            snap_id = new_snapshot_id();
+        }
+        let created = now_ms();
+        let meta = SnapshotMeta {
+            template: &row.template,
+            kernel_release: snapshot::kernel_release(&self.settings.paths.images_dir),
+            mode: SnapshotMode::Checkpoint,
+            created_at: created,
+        };
+        let manifest = snapshot::write(self.vmm.as_ref(), &handle, &disk, &parent, &snap_id, meta).await?;
+        if manifest.info.disk.is_none() {
+            let _ = std::fs::remove_dir_all(parent.join(&snap_id));
+            return Err(ServiceError::VmmFailed(
+                "the driver's checkpoint has no disk copy".into(),
+            ));
+        }
+        let snap = SnapshotRow {
+            id: snap_id.clone(),
+            sandbox_id: id.to_string(),
+            created_at_ms: created,
+            size_bytes: manifest.size_bytes(),
+            template: row.template.clone(),
+            vcpus: row.vcpus,
+            memory_mib: row.memory_mib,
+            env: row.env.clone(),
+        };
+        if let Err(e) = self.db.insert_snapshot(&snap) {
+            let _ = std::fs::remove_dir_all(parent.join(&snap_id));
+            return Err(e.into());
+        }
+        tracing::info!(sandbox = %id, snapshot = %snap_id, bytes = snap.size_bytes, "checkpoint taken");
+        Ok(to_api(&snap))
+    }
+
+    /// Forks running sandbox `id` into `count` children that continue its state; the parent keeps running.
+    pub async fn fork(&self, id: &str, count: u32) -> Result<ForkResponse, ServiceError> {
+        if !FORK_COUNT.contains(&count) {
+            return Err(ServiceError::InvalidArgument(format!(
+                "count must be between {} and {}",
+                FORK_COUNT.start(),
+                FORK_COUNT.end()
+            )));
+        }
+        let parent = self.row(id)?;
+        let this = self.arc()?;
+        let snap = self.checkpoint(id).await?;
+        let mut children = Vec::new();
+        for _ in 0..count {
+            let req = CreateSandboxRequest {
+                snapshot: Some(snap.id.clone()),
+                timeout_s: Some(parent.timeout_s),
+                metadata: parent.metadata.clone(),
+                auto_resume: Some(parent.auto_resume),
+                on_timeout: Some(parent.on_timeout),
+                ..Default::default()
+            };
+            match this.create_child(req, Some(id.to_string())).await {
+                Ok(child) => children.push(child),
+                Err(e) => {
+                    // All or nothing: the children made so far go, and so does the snapshot.
+                    for c in &children {
+                        let _ = this.destroy(&c.id, "fork-failed").await;
+                    }
+                    let _ = self.delete_snapshot(&snap.id);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(ForkResponse {
+            snapshot_id: snap.id,
+            sandboxes: children,
+        })
+    }
+
+    pub fn list_snapshots(&self) -> Result<Vec<SnapshotObject>, ServiceError> {
+        Ok(self.db.list_snapshots()?.iter().map(to_api).collect())
+    }
+
+    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotObject, ServiceError> {
+        let not_found = || ServiceError::NotFound(format!("snapshot {} not found", super::clip(id, 32)));
+        if !hearth_api::is_valid_snapshot_id(id) {
+            return Err(not_found());
+        }
+        Ok(to_api(&self.db.get_snapshot(id)?.ok_or_else(not_found)?))
+    }
+
+    /// Deletes a snapshot nobody's disk depends on.
+    pub fn delete_snapshot(&self, id: &str) -> Result<(), ServiceError> {
+        self.get_snapshot(id)?;
+        let users = self.db.delete_snapshot_unless_used(id)?;
+        if !users.is_empty() {
+            return Err(ServiceError::Conflict(format!(
+                "snapshot {id} backs the disks of {}: destroy them first",
+                users.join(", ")
+            )));
+        }
+        let dir = self.settings.paths.snapshot_dir(id);
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(snapshot = %id, error = %e, "removing the snapshot directory failed");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,40 @@
+//! The default template `base` (images/build.sh): every promised tool runs inside a real sandbox.
+
+mod common;
+
+use common::{Daemon, template_built};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_template_carries_every_toolchain() {
+    assert!(template_built("base"), "rootfs/base.ext4 must be built (images/build.sh)");
+    let d = Daemon::start().await;
+    // Rust and Go compile real programs: give them room under TCG.
+    let s = d
+        .create(json!({"template": "base", "vcpus": 2, "memory_mib": 2048, "timeout_s": 1200}))
+        .await;
+
+    let checks: &[(&str, &str)] = &[
+        ("python3 -c 'import sys; print(sys.version_info[0])'", "3"),
+        ("node -e 'console.log(6*7)'", "42"),
+        ("bun -e 'console.log(6*7)'", "42"),
+        ("pi --version", "."),
+        ("git --version", "git version"),
+        ("curl --version", "curl"),
+        ("gcc --version", "gcc"),
+        (
+            "mkdir -p /tmp/g && cd /tmp/g && printf 'package main\\nimport \"fmt\"\\nfunc main(){fmt.Println(\"go-ok\")}\\n' > m.go && GOCACHE=/tmp/gocache go run m.go",
+            "go-ok",
+        ),
+        (
+            "mkdir -p /tmp/r && cd /tmp/r && printf 'fn main(){println!(\"rust-ok\");}\\n' > m.rs && rustc -O m.rs -o m && ./m && cargo --version",
+            "rust-ok",
+        ),
+    ];
+    for (cmd, want) in checks {
+        let r = d.run(&s.id, json!({"cmd": cmd, "timeout_s": 600})).await;
+        assert_eq!(r.exit_code, 0, "{cmd}: {r:?}");
+        assert!(r.stdout.contains(want), "{cmd}: stdout {:?} lacks {want:?}", r.stdout);
+    }
+    d.destroy(&s.id).await;
+}
