@@ -4,7 +4,16 @@
 // files.ts, sse.ts (event-stream reader), errors.ts; generated/openapi.ts is generated from docs/openapi.json.
 
 export { Sandbox } from "./sandbox.js";
-export type { SandboxInfo, SandboxOpts, SandboxListOpts, SandboxState } from "./sandbox.js";
+export type {
+  ConnectOpts,
+  OnTimeout,
+  SandboxInfo,
+  SandboxLifecycle,
+  SandboxListOpts,
+  SandboxOpts,
+  SandboxState,
+  SandboxUsage,
+} from "./sandbox.js";
 export { Commands, CommandHandle } from "./commands.js";
 export type { CommandOpts, ProcessInfo, WaitOpts } from "./commands.js";
 export { Files } from "./files.js";

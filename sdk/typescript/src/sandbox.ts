@@ -27,6 +27,38 @@ export interface SandboxInfo {
   vmm: string;
   /** Why it failed, when `state` is `failed`. */
   error?: string | undefined;
+  /** Whether calls that need the guest resume it by themselves while it is paused. */
+  autoResume: boolean;
+  /** What its timeout does: destroy it (`kill`) or pause it (`pause`). */
+  onTimeout: OnTimeout;
+}
+
+/** What a sandbox's timeout does. */
+export type OnTimeout = Schemas["OnTimeout"];
+
+/** What happens when a sandbox's timeout passes, and how a paused sandbox comes back. */
+export interface SandboxLifecycle {
+  /** `kill` (default) destroys the sandbox when its timeout passes; `pause` pauses it instead. */
+  onTimeout?: OnTimeout | undefined;
+  /**
+   * Whether a call that needs the guest (commands, files) resumes a paused sandbox by itself. Default true; with
+   * false such calls reject with `ConflictError` until `sbx.resume()` or `Sandbox.connect(id)`.
+   */
+  autoResume?: boolean | undefined;
+}
+
+/** Resource use of one sandbox since its creation. */
+export interface SandboxUsage {
+  /** Seconds its VM ran (booting, running, pausing, resuming). */
+  runningSeconds: number;
+  /** Running seconds times vCPUs. */
+  vcpuSeconds: number;
+  /** Running seconds times guest memory in MiB. */
+  mibSeconds: number;
+  /** Seconds it was paused (no compute accrues). */
+  pausedSeconds: number;
+  /** Bytes on disk of its paused state. */
+  snapshotBytes: number;
 }
 
 /** Options of `Sandbox.create`. */
@@ -43,6 +75,14 @@ export interface SandboxOpts extends ConnectionOpts, RequestOpts {
   envs?: Record<string, string> | undefined;
   /** Free-form labels, usable as `Sandbox.list` filters. */
   metadata?: Record<string, string> | undefined;
+  /** Pause instead of destroy on timeout; whether a paused sandbox resumes by itself. */
+  lifecycle?: SandboxLifecycle | undefined;
+}
+
+/** Options of `Sandbox.connect`. */
+export interface ConnectOpts extends ConnectionOpts, RequestOpts {
+  /** Resume the sandbox if it is paused (default true). */
+  resume?: boolean | undefined;
 }
 
 /** Options of `Sandbox.list`. */
@@ -65,6 +105,8 @@ function toInfo(s: Schemas["Sandbox"]): SandboxInfo {
     endAt: new Date(s.end_at),
     vmm: s.vmm,
     error: s.error ?? undefined,
+    autoResume: s.auto_resume ?? true,
+    onTimeout: s.on_timeout ?? "kill",
   };
 }
 
@@ -109,16 +151,22 @@ export class Sandbox {
       timeout_s: opts.timeoutMs === undefined ? null : msToSeconds(opts.timeoutMs, "timeoutMs"),
       env: opts.envs ?? {},
       metadata: opts.metadata ?? {},
+      on_timeout: opts.lifecycle?.onTimeout ?? null,
+      auto_resume: opts.lifecycle?.autoResume ?? null,
     };
     const { data } = await conn.call(opts, (signal) => conn.api.POST("/v1/sandboxes", { body, signal }));
     return new Sandbox(conn, data.id);
   }
 
-  /** Connects to an existing sandbox. Rejects with `NotFoundError` if there is none with this id. */
-  static async connect(id: string, opts: ConnectionOpts & RequestOpts = {}): Promise<Sandbox> {
-    const conn = new Connection(opts);
-    await conn.call(opts, (signal) => conn.api.GET("/v1/sandboxes/{id}", { params: { path: { id } }, signal }));
-    return new Sandbox(conn, id);
+  /**
+   * Connects to an existing sandbox, resuming it if it is paused (unless `resume: false`). Rejects with
+   * `NotFoundError` if there is none with this id.
+   */
+  static async connect(id: string, opts: ConnectOpts = {}): Promise<Sandbox> {
+    const sbx = new Sandbox(new Connection(opts), id);
+    const info = await sbx.getInfo(opts);
+    if ((opts.resume ?? true) && (info.state === "paused" || info.state === "pausing")) await sbx.resume(opts);
+    return sbx;
   }
 
   /** Lists sandboxes, optionally filtered by state and metadata. */
@@ -154,6 +202,40 @@ export class Sandbox {
       if (err instanceof HearthError && err.code === "not_found") return false;
       throw err;
     }
+  }
+
+  /**
+   * Pauses the sandbox to zero: its memory and device state go to disk and its VM process ends, so it uses no
+   * CPU or memory until resumed (by `resume()`, `Sandbox.connect(id)`, or any call that needs the guest when
+   * `autoResume` is on). Processes, memory and files are kept. Resolves with its info (state `paused`).
+   */
+  async pause(opts: RequestOpts = {}): Promise<SandboxInfo> {
+    const { data } = await this.conn.call(opts, (signal) =>
+      this.conn.api.POST("/v1/sandboxes/{id}/pause", { params: { path: { id: this.id } }, signal }),
+    );
+    return toInfo(data);
+  }
+
+  /** Resumes a paused sandbox where it was. Resolves with its info (state `running`). */
+  async resume(opts: RequestOpts = {}): Promise<SandboxInfo> {
+    const { data } = await this.conn.call(opts, (signal) =>
+      this.conn.api.POST("/v1/sandboxes/{id}/resume", { params: { path: { id: this.id } }, signal }),
+    );
+    return toInfo(data);
+  }
+
+  /** Resource use since creation: running and paused time, vCPU- and MiB-seconds, bytes of paused state. */
+  async getUsage(opts: RequestOpts = {}): Promise<SandboxUsage> {
+    const { data } = await this.conn.call(opts, (signal) =>
+      this.conn.api.GET("/v1/sandboxes/{id}/usage", { params: { path: { id: this.id } }, signal }),
+    );
+    return {
+      runningSeconds: data.running_seconds,
+      vcpuSeconds: data.vcpu_seconds,
+      mibSeconds: data.mib_seconds,
+      pausedSeconds: data.paused_seconds,
+      snapshotBytes: data.snapshot_bytes,
+    };
   }
 
   /** Resets the sandbox's timeout: it is destroyed `timeoutMs` from now (rounded up to seconds). */

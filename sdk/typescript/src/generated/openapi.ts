@@ -199,6 +199,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Pause a running sandbox to zero: memory and device state are saved to disk and the VM process ends. */
+        post: operations["pause"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/processes": {
         parameters: {
             query?: never;
@@ -267,6 +284,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Resume a paused sandbox into a fresh VM process (processes, memory and files as they were; clock corrected). */
+        post: operations["resume"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/timeout": {
         parameters: {
             query?: never;
@@ -284,6 +318,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Usage of one sandbox since its creation. */
+        get: operations["usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/system": {
         parameters: {
             query?: never;
@@ -293,6 +344,23 @@ export interface paths {
         };
         /** Which VMM is in use and why, host capacity, templates. */
         get: operations["system"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Usage of every sandbox (destroyed ones included) within a window; default: the last 24 hours. */
+        get: operations["usage_report"];
         put?: never;
         post?: never;
         delete?: never;
@@ -381,6 +449,11 @@ export interface components {
         };
         /** @description Body of `POST /v1/sandboxes`. */
         CreateSandboxRequest: {
+            /**
+             * @description Whether a call that needs the guest (commands, files, processes) resumes a paused sandbox by itself.
+             *     Default true; with false such calls fail with `conflict` until `POST .../resume`.
+             */
+            auto_resume?: boolean | null;
             /** @description Environment variables every command in the sandbox starts with. */
             env?: {
                 [key: string]: string;
@@ -394,6 +467,7 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             };
+            on_timeout?: components["schemas"]["OnTimeout"] | null;
             /** @description Template (root filesystem) to start from. Defaults to the daemon's default template. */
             template?: string | null;
             /**
@@ -415,7 +489,7 @@ export interface components {
          * @description Stable machine-readable error codes. Clients match on these, never on messages.
          * @enum {string}
          */
-        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "internal" | "unknown";
+        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "internal" | "unknown";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -464,6 +538,11 @@ export interface components {
             parents?: boolean;
             path: string;
         };
+        /**
+         * @description What happens to a sandbox when its TTL passes.
+         * @enum {string}
+         */
+        OnTimeout: "kill" | "pause";
         /** @description A process started by the agent (background or foreground) as listed by `GET .../processes`. */
         ProcessInfo: {
             background: boolean;
@@ -509,6 +588,8 @@ export interface components {
         };
         /** @description A sandbox as the API reports it. */
         Sandbox: {
+            /** @description Whether calls that need the guest resume a paused sandbox by themselves. */
+            auto_resume?: boolean;
             /** @description RFC 3339 creation time. */
             created_at: string;
             /** @description RFC 3339 time at which the TTL destroys the sandbox. */
@@ -521,6 +602,12 @@ export interface components {
             metadata: {
                 [key: string]: string;
             };
+            /** @description What the TTL does when it passes. */
+            on_timeout?: components["schemas"]["OnTimeout"];
+            /** @description The sandbox this one was forked from. */
+            parent_id?: string | null;
+            /** @description The snapshot this sandbox was created from. */
+            snapshot_id?: string | null;
             state: components["schemas"]["SandboxState"];
             template: string;
             /** Format: int32 */
@@ -536,7 +623,36 @@ export interface components {
          * @description Lifecycle state of a sandbox.
          * @enum {string}
          */
-        SandboxState: "creating" | "running" | "stopping" | "failed";
+        SandboxState: "creating" | "running" | "stopping" | "failed" | "pausing" | "paused" | "resuming";
+        /** @description Usage of one sandbox over a time window (`GET /v1/sandboxes/{id}/usage`, `GET /v1/usage`). */
+        SandboxUsage: {
+            /**
+             * Format: double
+             * @description Running seconds times guest memory in MiB.
+             */
+            mib_seconds: number;
+            /**
+             * Format: double
+             * @description Seconds the sandbox was paused (no compute accrues).
+             */
+            paused_seconds: number;
+            /**
+             * Format: double
+             * @description Seconds the VM ran (booting, running, pausing, resuming).
+             */
+            running_seconds: number;
+            sandbox_id: string;
+            /**
+             * Format: int64
+             * @description Bytes on disk of the sandbox's paused state and of the snapshots taken from it (now).
+             */
+            snapshot_bytes: number;
+            /**
+             * Format: double
+             * @description Running seconds times vCPUs.
+             */
+            vcpu_seconds: number;
+        };
         /** @description Body of `POST /v1/sandboxes/{id}/timeout`. */
         SetTimeoutRequest: {
             /**
@@ -559,6 +675,14 @@ export interface components {
             vmm: string;
             /** @description Human-readable reason for the choice. */
             vmm_reason: string;
+        };
+        /** @description Body of `GET /v1/usage`. */
+        UsageReport: {
+            /** @description RFC 3339 start of the window. */
+            from: string;
+            sandboxes: components["schemas"]["SandboxUsage"][];
+            /** @description RFC 3339 end of the window. */
+            to: string;
         };
     };
     responses: never;
@@ -1149,6 +1273,55 @@ export interface operations {
             };
         };
     };
+    pause: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Paused (also when it already was) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not running */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The capture failed; the sandbox keeps running if its VM still does */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     processes: {
         parameters: {
             query?: never;
@@ -1313,6 +1486,73 @@ export interface operations {
             };
         };
     };
+    resume: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Running (also when it already was) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not paused, or its snapshot was written by another VMM */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The paused state does not match its manifest (snapshot_corrupt) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The restore failed; the sandbox stays paused */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not enough memory left on the host */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     set_timeout: {
         parameters: {
             query?: never;
@@ -1355,6 +1595,36 @@ export interface operations {
             };
         };
     };
+    usage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxUsage"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     system: {
         parameters: {
             query?: never;
@@ -1370,6 +1640,38 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SystemInfo"];
+                };
+            };
+        };
+    };
+    usage_report: {
+        parameters: {
+            query?: {
+                /** @description Start: RFC 3339 or unix seconds (default: `to` minus 24 h) */
+                from?: string;
+                /** @description End: RFC 3339 or unix seconds (default: now) */
+                to?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageReport"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };
