@@ -25,6 +25,13 @@ const EXPECTED: Record<string, string[]> = {
     "cancelled: AbortError",
     "missing: true",
   ],
+  "pause-resume.ts": [
+    "state: paused",
+    "state: running",
+    "notes: work in progress",
+    "counter still running: true",
+    "paused for more than 0 s: true",
+  ],
 };
 
 let daemon: Daemon;
