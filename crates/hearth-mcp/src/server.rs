@@ -286,7 +286,9 @@ impl HearthMcp {
             )));
         }
         let mut data = Vec::new();
-        if offset < info.size && length > 0 {
+        // Files of /proc and /sys report size 0 but have content: read those anyway.
+        let past_end = info.size > 0 && offset >= info.size;
+        if length > 0 && !past_end {
             let mut stream = api!(client.download_stream(&a.sandbox_id, &a.path));
             let (mut skip, want) = (offset, length as usize);
             while let Some(chunk) = stream.next().await {

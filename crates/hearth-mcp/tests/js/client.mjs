@@ -163,6 +163,9 @@ try {
 
       const listing = ok(await call("list_files", { sandbox_id: id, path: "/root/new/dir" }));
       assert.deepEqual(listing.entries.map((e) => [e.name, e.kind]), [["notes.txt", "file"]]);
+      // /proc files report size 0 but have content.
+      read = ok(await call("read_file", { sandbox_id: id, path: "/proc/self/status" }));
+      assert.match(read.content, /^Name:/);
       r = toolError(await call("read_file", { sandbox_id: id, path: "/root/missing.txt" }));
       assert.equal(json(r).error.code, "not_found");
       r = toolError(await call("read_file", { sandbox_id: id, path: "/root" }));
