@@ -31,10 +31,9 @@
 //! output is lost.
 //!
 //! Snapshots (`snapshot.rs`): QEMU cannot open host files once chrooted and unprivileged, so the driver opens
-//! the state file and hands it over with [`qmp::Qmp::send_fd`]; `stop`, `migrate` to `fd:<name>`, wait, then
-//! `cont` (checkpoint) or quit (pause). Restore starts QEMU with `-incoming defer` and loads the file the same
-//! way. (QEMU 10 warns that `fd:` on a regular file is deprecated in favour of `add-fd` +
-//! `file:/dev/fdset/<n>`.)
+//! the state file and hands it over with [`qmp::Qmp::add_fd`]; `stop`, `migrate` to `file:/dev/fdset/<id>`,
+//! wait, then `cont` (checkpoint) or quit (pause). Restore starts QEMU with `-incoming defer` and loads the file
+//! the same way.
 
 pub mod console;
 mod launch;

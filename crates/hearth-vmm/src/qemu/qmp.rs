@@ -79,11 +79,32 @@ impl Qmp {
         self.read_reply(command).await
     }
 
-    /// Hands QEMU an open file descriptor under `name` (`getfd`, the descriptor travels as SCM_RIGHTS with the
-    /// command). QEMU may be chrooted and unprivileged, so files it must write later (a migration stream for
-    /// pause, say) are opened by the daemon and passed this way; commands then name them as `fd:<name>`.
+    /// Hands QEMU an open file descriptor under `name` (`getfd`); commands then name it `fd:<name>`.
     pub async fn send_fd(&mut self, name: &str, fd: BorrowedFd<'_>) -> Result<(), QmpError> {
-        let line = request_line("getfd", Some(json!({ "fdname": name })));
+        self.execute_with_fd("getfd", json!({ "fdname": name }), fd)
+            .await
+            .map(drop)
+    }
+
+    /// Adds an open file descriptor to a new fd set (`add-fd`) and returns the set's id; QEMU then opens it
+    /// as `/dev/fdset/<id>` (e.g. `migrate` to `file:/dev/fdset/<id>`). QEMU may be chrooted and
+    /// unprivileged, so files it must write later (a snapshot) are opened by the daemon and passed this way.
+    /// Release the set with `remove-fd` when done.
+    pub async fn add_fd(&mut self, fd: BorrowedFd<'_>) -> Result<u64, QmpError> {
+        let ret = self.execute_with_fd("add-fd", json!({}), fd).await?;
+        ret.get("fdset-id")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| QmpError::Protocol(format!("add-fd without an fdset-id: {ret}")))
+    }
+
+    /// Runs `command` with `fd` attached as SCM_RIGHTS to the request line.
+    async fn execute_with_fd(
+        &mut self,
+        command: &str,
+        arguments: Value,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Value, QmpError> {
+        let line = request_line(command, Some(arguments));
         let stream: &UnixStream = self.writer.as_ref();
         let sent = loop {
             stream.writable().await?;
@@ -102,7 +123,7 @@ impl Qmp {
         };
         // The descriptor went with the first byte; the rest of the line (rarely any) follows normally.
         self.writer.write_all(&line.as_bytes()[sent..]).await?;
-        self.read_reply("getfd").await.map(drop)
+        self.read_reply(command).await
     }
 
     /// Polls `query-migrate` until the migration completes; fails on `failed`/`cancelled` or after `within`.

@@ -3,7 +3,7 @@
 //! A snapshot directory holds `vmstate` (QEMU's migration stream: device state and all guest RAM, zero pages
 //! skipped) and, for a checkpoint, `disk.qcow2` (a copy of the VM's disk overlay taken while the VM was stopped,
 //! so memory and disk agree). QEMU runs chrooted and unprivileged, so the driver opens these files itself and
-//! passes the descriptors over QMP (`getfd`); QEMU never sees a host path.
+//! passes the descriptors over QMP (`add-fd`, then `file:/dev/fdset/<id>`); QEMU never sees a host path.
 //!
 //! Snapshot: `stop`, `migrate` to the descriptor, wait for `completed`, fsync; then a checkpoint copies the disk
 //! and `cont`s, a pause quits QEMU. A failed migration `cont`s the VM again, so a failed snapshot leaves it
@@ -27,8 +27,6 @@ use crate::{SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind
 pub const VMSTATE: &str = "vmstate";
 /// The disk copy's file name in a checkpoint.
 pub const DISK_COPY: &str = "disk.qcow2";
-/// Name under which the state file's descriptor is handed to QEMU.
-const FD_NAME: &str = "hearth-state";
 /// Saving or loading the state of a large guest under TCG on a loaded host.
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -59,10 +57,12 @@ impl QemuVmm {
 
         q.execute("stop", None).await.map_err(|e| err(e.to_string()))?;
         let saved = async {
-            q.send_fd(FD_NAME, state.as_fd()).await?;
-            q.execute("migrate", Some(json!({ "uri": format!("fd:{FD_NAME}") })))
-                .await?;
-            q.wait_migration(MIGRATION_TIMEOUT).await
+            let set = q.add_fd(state.as_fd()).await?;
+            let uri = format!("file:/dev/fdset/{set}");
+            q.execute("migrate", Some(json!({ "uri": uri }))).await?;
+            let done = q.wait_migration(MIGRATION_TIMEOUT).await;
+            let _ = q.execute("remove-fd", Some(json!({ "fdset-id": set }))).await;
+            done
         }
         .await;
         if let Err(e) = saved {
@@ -138,18 +138,20 @@ impl QemuVmm {
 
 /// Loads the migration stream in `state` into a QEMU started with `-incoming defer`.
 pub(super) async fn load_incoming(q: &mut Qmp, state: &File) -> Result<(), String> {
-    q.send_fd(FD_NAME, state.as_fd())
+    let set = q
+        .add_fd(state.as_fd())
         .await
         .map_err(|e| format!("passing the state file: {e}"))?;
-    q.execute(
-        "migrate-incoming",
-        Some(json!({ "uri": format!("fd:{FD_NAME}") })),
-    )
-    .await
-    .map_err(|e| format!("loading the state: {e}"))?;
-    q.wait_migration(MIGRATION_TIMEOUT)
+    let uri = format!("file:/dev/fdset/{set}");
+    q.execute("migrate-incoming", Some(json!({ "uri": uri })))
         .await
-        .map_err(|e| format!("loading the state: {e}"))
+        .map_err(|e| format!("loading the state: {e}"))?;
+    let done = q
+        .wait_migration(MIGRATION_TIMEOUT)
+        .await
+        .map_err(|e| format!("loading the state: {e}"));
+    let _ = q.execute("remove-fd", Some(json!({ "fdset-id": set }))).await;
+    done
 }
 
 /// Guest memory (MiB) and vCPU count of a running VM.
