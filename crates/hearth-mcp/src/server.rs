@@ -172,6 +172,16 @@ impl HearthMcp {
 
     #[tool(
         annotations(read_only_hint = true),
+        description = "List the templates (guest images) create_sandbox can boot, and which one is the default."
+    )]
+    async fn list_templates(&self, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let info = api!(client.system());
+        ok_json(json!({ "templates": info.templates, "default_template": info.default_template }))
+    }
+
+    #[tool(
+        annotations(read_only_hint = true),
         description = "List sandboxes (id, state, template, shape, timestamps, metadata), optionally \
                           filtered by state and metadata."
     )]

@@ -57,6 +57,7 @@ async fn rmcp_client_over_stdio() {
             "kill_sandbox",
             "list_files",
             "list_sandboxes",
+            "list_templates",
             "pause_sandbox",
             "read_file",
             "resume_sandbox",
@@ -84,7 +85,7 @@ async fn rmcp_client_over_stdio() {
         let read_only = t.annotations.as_ref().and_then(|a| a.read_only_hint) == Some(true);
         let expect_read_only = matches!(
             t.name.as_ref(),
-            "list_sandboxes" | "sandbox_info" | "read_file" | "list_files"
+            "list_sandboxes" | "list_templates" | "sandbox_info" | "read_file" | "list_files"
         );
         assert_eq!(read_only, expect_read_only, "{}", t.name);
     }
@@ -95,6 +96,15 @@ async fn rmcp_client_over_stdio() {
         .unwrap();
     assert_eq!(listed.is_error, Some(false));
     assert_eq!(structured(&listed)["sandboxes"], json!([]));
+
+    let templates = client
+        .call_tool(CallToolRequestParams::new("list_templates"))
+        .await
+        .unwrap();
+    assert_eq!(templates.is_error, Some(false));
+    assert_eq!(structured(&templates)["default_template"], "minimal");
+    let names = structured(&templates)["templates"].as_array().unwrap().clone();
+    assert!(names.contains(&json!("minimal")), "{names:?}");
 
     // Missing argument, unknown field, unknown sandbox: tool errors, not protocol errors.
     let missing = client

@@ -78,8 +78,8 @@ try {
   const names = tools.map((t) => t.name).sort();
   log(`tools: ${names.join(", ")}`);
   for (const want of [
-    "create_sandbox", "exec", "kill_sandbox", "list_files", "list_sandboxes", "pause_sandbox", "read_file",
-    "resume_sandbox", "sandbox_info", "set_timeout", "write_file",
+    "create_sandbox", "exec", "kill_sandbox", "list_files", "list_sandboxes", "list_templates", "pause_sandbox",
+    "read_file", "resume_sandbox", "sandbox_info", "set_timeout", "write_file",
   ]) {
     assert.ok(names.includes(want), `missing tool ${want}`);
   }
@@ -90,6 +90,9 @@ try {
 
   const listed = ok(await call("list_sandboxes", {}));
   assert.ok(Array.isArray(listed.sandboxes));
+  const templates = ok(await call("list_templates", {}));
+  assert.ok(templates.templates.includes("minimal"));
+  assert.equal(templates.default_template, "minimal");
 
   // Bad arguments and unknown sandboxes are tool errors the agent can read, not protocol failures.
   let r = toolError(await call("exec", { command: "true" }));
