@@ -74,7 +74,10 @@ async fn rmcp_client_over_stdio() {
         );
         let schema = Value::Object((*t.input_schema).clone());
         assert_eq!(schema["type"], "object", "{}", t.name);
-        let needs_id = !matches!(t.name.as_ref(), "create_sandbox" | "list_sandboxes");
+        let needs_id = !matches!(
+            t.name.as_ref(),
+            "create_sandbox" | "list_sandboxes" | "list_templates"
+        );
         let required = schema["required"].as_array().cloned().unwrap_or_default();
         assert_eq!(
             required.contains(&json!("sandbox_id")),
