@@ -8,12 +8,17 @@
 //! - `process`: detached spawn, readiness wait, identity checks, SIGTERM/SIGKILL;
 //! - `vsock`: the `CONNECT <port>` handshake on Firecracker's vsock socket;
 //! - `sock`: socket addresses, including symlink-proof ones inside a jail;
-//! - `snapshot`: pause, resume, snapshot create and restore ([`SnapshotFiles`]);
+//! - `snapshot`: pause, resume, snapshot create and load ([`SnapshotFiles`]);
+//! - [`snapshot_dir`]: the trait's `snapshot` (pause or checkpoint into a directory) and `restore`;
 //! - [`jailer`]: the optional jailer (chroot, uid/gid, cgroups).
 //!
 //! # Files in the run directory
 //! `fc.sock` (API), `vsock.sock` (agent channel), `firecracker.log` (Firecracker's stdio: its log and the
-//! guest's serial console), `firecracker.pid`. With the jailer, `jail/<exec name>/<id>/root/` is the chroot
+//! guest's serial console), `firecracker.pid`, `rootfs.disk` (a symlink to the sandbox's disk).
+//! Firecracker runs with the run directory as its working directory and is given the relative paths
+//! `rootfs.disk` and `vsock.sock`: a snapshot records the paths the VM was configured with and reopens them
+//! on load, so relative ones let any run directory restore it (a fork next to the running original) and
+//! attach its own `spec.disk` through its own link. With the jailer, `jail/<exec name>/<id>/root/` is the chroot
 //! and the sockets are in its `run/`; the driver reaches them without following symlinks (`sock`), since the
 //! jailed process owns everything in the chroot.
 
@@ -23,13 +28,14 @@ use std::time::{Duration, Instant};
 
 use tokio::net::UnixStream;
 
-use crate::{Accel, VmHandle, VmSpec, Vmm, VmmError, VmmKind};
+use crate::{Accel, SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind};
 
 pub mod api;
 mod http;
 pub mod jailer;
 mod process;
 mod snapshot;
+pub mod snapshot_dir;
 mod sock;
 mod vsock;
 
@@ -49,6 +55,8 @@ pub const API_SOCKET: &str = "fc.sock";
 pub const VSOCK_SOCKET: &str = "vsock.sock";
 pub const LOG_FILE: &str = "firecracker.log";
 pub const PID_FILE: &str = "firecracker.pid";
+/// Symlink to [`VmSpec::disk`] in the run directory (unjailed VMs), the drive path Firecracker is given.
+pub const DISK_LINK: &str = "rootfs.disk";
 const JAIL_DIR: &str = "jail";
 
 /// Guest vsock port the agent listens on, and the guest's context id.
@@ -193,21 +201,29 @@ impl FirecrackerVmm {
             detail,
         };
         let (program, args, paths): (&Path, Vec<OsString>, GuestPaths) = match &self.jailer {
-            None => (
-                &self.binary,
-                vec![
-                    "--api-sock".into(),
-                    run.join(API_SOCKET).into(),
-                    "--id".into(),
-                    iid.into(),
-                ],
-                GuestPaths {
-                    kernel: spec.images.vmlinux.clone(),
-                    initramfs: spec.images.initramfs.clone(),
-                    disk: spec.disk.clone(),
-                    vsock: run.join(VSOCK_SOCKET),
-                },
-            ),
+            None => {
+                let target = std::path::absolute(&spec.disk)
+                    .map_err(|e| start_failed(format!("disk path {}: {e}", spec.disk.display())))?;
+                let link = run.join(DISK_LINK);
+                let _ = std::fs::remove_file(&link);
+                std::os::unix::fs::symlink(&target, &link)
+                    .map_err(|e| start_failed(format!("linking {}: {e}", link.display())))?;
+                (
+                    &self.binary,
+                    vec![
+                        "--api-sock".into(),
+                        run.join(API_SOCKET).into(),
+                        "--id".into(),
+                        iid.into(),
+                    ],
+                    GuestPaths {
+                        kernel: spec.images.vmlinux.clone(),
+                        initramfs: spec.images.initramfs.clone(),
+                        disk: DISK_LINK.into(),
+                        vsock: VSOCK_SOCKET.into(),
+                    },
+                )
+            }
             Some(cfg) => {
                 let jail = jailer::Jail::new(run, &self.binary, iid);
                 jail.populate(cfg, &spec.images.vmlinux, &spec.images.initramfs, &spec.disk)
@@ -224,8 +240,10 @@ impl FirecrackerVmm {
                 (&cfg.jailer, args, paths)
             }
         };
+        // Unjailed: relative paths resolve in the run directory. Jailed: the jailer chroots and chdirs.
+        let cwd = self.jailer.is_none().then_some(run.as_path());
         let proc_id =
-            process::spawn_detached(program, &args, &log).map_err(|e| start_failed(e.to_string()))?;
+            process::spawn_detached_in(program, &args, &log, cwd).map_err(|e| start_failed(e.to_string()))?;
         Ok((proc_id, paths))
     }
 
@@ -368,7 +386,7 @@ impl FirecrackerVmm {
 
     /// Removes what `start` created in the run directory (never the disk or the directory itself).
     fn remove_run_files(run: &Path) {
-        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE] {
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE, DISK_LINK] {
             let _ = std::fs::remove_file(run.join(name));
         }
         let _ = std::fs::remove_dir_all(run.join(JAIL_DIR));
@@ -546,7 +564,7 @@ impl Vmm for FirecrackerVmm {
         self.remove_cgroups(&vm.run_dir).await;
         // Sockets of a dead process are useless, and so is the jail (device nodes, links); the log stays
         // for post-mortems until the daemon removes the run directory.
-        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE] {
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, DISK_LINK] {
             let _ = std::fs::remove_file(vm.run_dir.join(name));
         }
         let _ = std::fs::remove_dir_all(vm.run_dir.join(JAIL_DIR));
@@ -557,6 +575,25 @@ impl Vmm for FirecrackerVmm {
         vm.kind == VmmKind::Firecracker
             && process::is_running(Self::proc_id(vm))
             && process::exe_of(vm.pid).is_some_and(|exe| self.is_our_exe(&exe, &vm.run_dir))
+    }
+
+    async fn snapshot(
+        &self,
+        vm: &VmHandle,
+        disk: &Path,
+        dest: &Path,
+        mode: SnapshotMode,
+    ) -> Result<SnapshotInfo, VmmError> {
+        self.snapshot_to_dir(vm, disk, dest, mode).await
+    }
+
+    async fn restore(
+        &self,
+        spec: &VmSpec,
+        snapshot: &Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.restore_from_dir(spec, snapshot, info).await
     }
 }
 

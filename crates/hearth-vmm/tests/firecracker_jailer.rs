@@ -195,7 +195,10 @@ async fn jailed_snapshot_restores_into_a_fresh_jail() {
     vmm.stop(&vm).await.expect("stop");
     drop(guard);
 
-    let restored = vmm.restore(&spec, &files, true).await.expect("jailed restore");
+    let restored = vmm
+        .load_snapshot_files(&spec, &files, true)
+        .await
+        .expect("jailed restore");
     let _guard = KillOnDrop(restored.clone());
     assert!(vmm.is_alive(&restored));
     assert_eq!(

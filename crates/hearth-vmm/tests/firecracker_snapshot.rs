@@ -48,7 +48,10 @@ async fn pause_snapshot_and_restore_in_a_fresh_process() {
 
     // A fresh process loads the snapshot, paused; then resumes.
     let t = Instant::now();
-    let restored = vmm.restore(&spec, &files, false).await.expect("restore");
+    let restored = vmm
+        .load_snapshot_files(&spec, &files, false)
+        .await
+        .expect("restore");
     let restore_time = t.elapsed();
     let guard = KillOnDrop(restored.clone());
     assert_ne!(restored.pid, vm.pid);
@@ -112,7 +115,7 @@ async fn a_damaged_snapshot_is_refused_and_nothing_is_left() {
     let state = std::fs::read(&files.state).expect("state");
     std::fs::write(&files.state, &state[..state.len() / 2]).expect("truncate");
     let err = vmm
-        .restore(&spec, &files, true)
+        .load_snapshot_files(&spec, &files, true)
         .await
         .expect_err("truncated state");
     match &err {

@@ -49,11 +49,23 @@ pub enum ProcessError {
     Signal { pid: u32, source: nix::Error },
 }
 
-/// Spawns `program args` in a new session with stdin from /dev/null and stdout+stderr appended to `log`.
+/// [`spawn_detached_in`] without a working directory (tests).
+#[cfg(test)]
 pub fn spawn_detached(
     program: &Path,
     args: &[std::ffi::OsString],
     log: &Path,
+) -> Result<ProcessId, ProcessError> {
+    spawn_detached_in(program, args, log, None)
+}
+
+/// Spawns `program args` in a new session with stdin from /dev/null and stdout+stderr appended to `log`, in
+/// the working directory `cwd` when given (relative paths given to the program resolve there).
+pub fn spawn_detached_in(
+    program: &Path,
+    args: &[std::ffi::OsString],
+    log: &Path,
+    cwd: Option<&Path>,
 ) -> Result<ProcessId, ProcessError> {
     let log_err = |source| ProcessError::Log {
         path: log.to_path_buf(),
@@ -72,6 +84,9 @@ pub fn spawn_detached(
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
         .kill_on_drop(false);
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
     // SAFETY: the closure runs in the forked child before exec and only calls setsid(2), which is
     // async-signal-safe and touches no memory shared with the parent.
     unsafe {
@@ -253,7 +268,7 @@ fn reap_if_child(proc_id: ProcessId) {
 }
 
 /// Cuts `log` down to its last `max / 2` bytes once it is larger than `max`. The writer must have the file
-/// open with `O_APPEND` (as [`spawn_detached`] does), so its next write lands at the new end. Bytes the
+/// open with `O_APPEND` (as [`spawn_detached_in`] does), so its next write lands at the new end. Bytes the
 /// writer appends between the read and the truncation are lost, which is acceptable for a flood.
 pub fn trim_log(log: &Path, max: u64) -> std::io::Result<bool> {
     use std::io::{Read, Seek, SeekFrom, Write};

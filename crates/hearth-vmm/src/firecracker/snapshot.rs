@@ -2,13 +2,16 @@
 //!
 //! A snapshot is two files: the device/vCPU state and the guest memory. Firecracker records the paths the VM
 //! was configured with (disk, vsock socket) in the state file and reopens them on load:
-//! - without the jailer those are absolute host paths, so a snapshot restores in the run directory it was
-//!   taken in (pause to disk, then resume);
+//! - without the jailer they are relative to the run directory (Firecracker's working directory): the drive
+//!   is `rootfs.disk`, a symlink to the VM's disk, and the vsock socket `vsock.sock`, so a snapshot restores
+//!   in any run directory with that directory's disk;
 //! - with the jailer they are paths inside the chroot (`/disk.ext4`, `/run/vsock.sock`), so a snapshot can be
 //!   restored into any sandbox's jail, which is what forking needs.
 //!
-//! Snapshot files are written where the caller asks; committing them (fsync, manifest, checksums, rename) is
-//! the caller's business (SECURITY.md promise 8).
+//! [`FirecrackerVmm::create_snapshot`] and [`FirecrackerVmm::load_snapshot_files`] are the building blocks;
+//! the [`crate::Vmm`] trait's `snapshot` and `restore` (in `snapshot_dir`) use them with a snapshot
+//! directory: `vm.state`, `vm.mem`, and `disk.ext4` for a checkpoint, all fsynced. Committing a snapshot
+//! (manifest, checksums, rename) is the caller's business (SECURITY.md promise 8).
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -30,7 +33,7 @@ const JAILED_STATE: &str = "/snapshot.state";
 const JAILED_MEMORY: &str = "/snapshot.mem";
 
 impl FirecrackerVmm {
-    fn vm_api_error(vm: &VmHandle, e: &api::ApiError) -> VmmError {
+    pub(super) fn vm_api_error(vm: &VmHandle, e: &api::ApiError) -> VmmError {
         api_error(&vm.run_dir.display().to_string(), e)
     }
 
@@ -91,7 +94,7 @@ impl FirecrackerVmm {
     /// Starts a fresh Firecracker process for `spec` and loads `files` into it instead of booting. The disk
     /// must be at the path the snapshot recorded (see the module doc). With `resume` the vCPUs run at once;
     /// otherwise the VM stays paused until [`FirecrackerVmm::resume`].
-    pub async fn restore(
+    pub async fn load_snapshot_files(
         &self,
         spec: &VmSpec,
         files: &SnapshotFiles,

@@ -1,0 +1,205 @@
+//! The [`crate::Vmm`] snapshot seam for Firecracker: a snapshot directory and its [`SnapshotInfo`].
+//!
+//! `snapshot`: `PATCH /vm Paused` → `PUT /snapshot/create` (Full) → for a checkpoint, a copy of the disk
+//! while the vCPUs are stopped, then `Resumed`; for a pause, the process is stopped. Every file written is
+//! fsynced, and the directory too. On failure the VM keeps running (resumed) and the files are removed.
+//!
+//! `restore`: checks the directory against its [`SnapshotInfo`] (same VMM, same machine shape, the memory
+//! file exactly the guest's RAM size: a truncated one would make the guest fault on first touch), then a
+//! fresh process loads it with the `File` memory backend and resumes. Firecracker maps that file
+//! `MAP_PRIVATE` (copy-on-write: the guest's writes never reach it) and only reads the state file, so one
+//! snapshot serves any number of restores; `tests/firecracker_snapshot.rs` checks the files' hashes.
+
+use std::path::Path;
+
+use super::{FirecrackerVmm, SnapshotFiles};
+use crate::{SnapshotInfo, SnapshotMode, VmHandle, VmSpec, VmmError, VmmKind};
+
+/// File names in a snapshot directory.
+pub const STATE_FILE: &str = "vm.state";
+pub const MEMORY_FILE: &str = "vm.mem";
+pub const DISK_FILE: &str = "disk.ext4";
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> VmmError + '_ {
+    move |source| VmmError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn snap_err(path: &Path, detail: impl Into<String>) -> VmmError {
+    VmmError::Snapshot {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+/// fsync a file (opened read-only: fsync needs no write access) or a directory.
+fn fsync(path: &Path) -> Result<(), VmmError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
+}
+
+/// The files of the snapshot in `dir`.
+pub fn files_in(dir: &Path) -> SnapshotFiles {
+    SnapshotFiles {
+        state: dir.join(STATE_FILE),
+        memory: dir.join(MEMORY_FILE),
+    }
+}
+
+impl FirecrackerVmm {
+    /// [`crate::Vmm::snapshot`] for Firecracker.
+    pub(super) async fn snapshot_to_dir(
+        &self,
+        vm: &VmHandle,
+        disk: &Path,
+        dest: &Path,
+        mode: SnapshotMode,
+    ) -> Result<SnapshotInfo, VmmError> {
+        if std::fs::read_dir(dest).map_err(io(dest))?.next().is_some() {
+            return Err(snap_err(dest, "the snapshot directory is not empty"));
+        }
+        let api = self.api(&vm.run_dir);
+        // The machine shape first, while nothing has changed yet.
+        let cfg = api.vm_config().await.map_err(|e| Self::vm_api_error(vm, &e))?;
+        let shape = |key: &str| {
+            cfg["machine-config"][key]
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| snap_err(dest, format!("GET /vm/config has no machine-config.{key}")))
+        };
+        let (memory_mib, vcpus) = (shape("mem_size_mib")?, shape("vcpu_count")?);
+        self.pause(vm).await?;
+        let files = files_in(dest);
+        let written = self.write_paused(vm, disk, dest, &files, mode).await;
+        let result = match written {
+            Ok(()) => match mode {
+                SnapshotMode::Checkpoint => self.resume(vm).await,
+                // The state is saved: the process has nothing left to do.
+                SnapshotMode::Pause => crate::Vmm::stop(self, vm).await,
+            },
+            Err(e) => {
+                // A failed snapshot must not leave the sandbox frozen.
+                if let Err(r) = self.resume(vm).await {
+                    tracing::error!(vm = %vm.run_dir.display(), error = %r, "cannot resume after a failed snapshot");
+                }
+                Err(e)
+            }
+        };
+        if let Err(e) = result {
+            for name in [STATE_FILE, MEMORY_FILE, DISK_FILE] {
+                let _ = std::fs::remove_file(dest.join(name));
+            }
+            return Err(e);
+        }
+        let mut names = vec![STATE_FILE.to_string(), MEMORY_FILE.to_string()];
+        let disk_copy = (mode == SnapshotMode::Checkpoint).then(|| DISK_FILE.to_string());
+        names.extend(disk_copy.clone());
+        Ok(SnapshotInfo {
+            kind: VmmKind::Firecracker,
+            vmm_version: self.version.clone(),
+            files: names,
+            disk: disk_copy,
+            memory_mib,
+            vcpus,
+        })
+    }
+
+    /// While the VM is paused: state and memory, the disk copy for a checkpoint, all fsynced.
+    async fn write_paused(
+        &self,
+        vm: &VmHandle,
+        disk: &Path,
+        dest: &Path,
+        files: &SnapshotFiles,
+        mode: SnapshotMode,
+    ) -> Result<(), VmmError> {
+        self.create_snapshot(vm, files).await?;
+        if mode == SnapshotMode::Checkpoint {
+            copy_disk(disk, &dest.join(DISK_FILE)).await?;
+        }
+        let (state, memory, dir) = (files.state.clone(), files.memory.clone(), dest.to_path_buf());
+        let copy = (mode == SnapshotMode::Checkpoint).then(|| dest.join(DISK_FILE));
+        tokio::task::spawn_blocking(move || {
+            for f in [Some(state), Some(memory), copy].into_iter().flatten() {
+                fsync(&f)?;
+            }
+            fsync(&dir)
+        })
+        .await
+        .map_err(|e| snap_err(dest, format!("fsync task: {e}")))?
+    }
+
+    /// [`crate::Vmm::restore`] for Firecracker.
+    pub(super) async fn restore_from_dir(
+        &self,
+        spec: &VmSpec,
+        dir: &Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        if info.kind != VmmKind::Firecracker {
+            return Err(snap_err(
+                dir,
+                format!("taken by {}, not firecracker", info.kind.as_str()),
+            ));
+        }
+        if info.vmm_version != self.version {
+            // Firecracker refuses state files of another snapshot version itself; say which binaries.
+            tracing::warn!(snapshot = %dir.display(), taken_by = %info.vmm_version, restoring_with = %self.version,
+                "restoring a snapshot taken by another Firecracker version");
+        }
+        if (info.memory_mib, info.vcpus) != (spec.memory_mib, spec.vcpus) {
+            return Err(snap_err(
+                dir,
+                format!(
+                    "taken with {} MiB and {} vCPUs, restore asks for {} MiB and {} vCPUs",
+                    info.memory_mib, info.vcpus, spec.memory_mib, spec.vcpus
+                ),
+            ));
+        }
+        let files = files_in(dir);
+        let state = std::fs::metadata(&files.state).map_err(io(&files.state))?;
+        let memory = std::fs::metadata(&files.memory).map_err(io(&files.memory))?;
+        if !state.is_file() || state.len() == 0 {
+            return Err(snap_err(&files.state, "state file missing or empty"));
+        }
+        let want = u64::from(info.memory_mib) * 1024 * 1024;
+        if !memory.is_file() || memory.len() != want {
+            return Err(snap_err(
+                &files.memory,
+                format!("memory file has {} bytes, the guest has {want}", memory.len()),
+            ));
+        }
+        self.load_snapshot_files(spec, &files, true).await
+    }
+}
+
+/// Copies the disk (reflink when the file system can, sparse otherwise) and fsyncs the copy.
+async fn copy_disk(src: &Path, dest: &Path) -> Result<(), VmmError> {
+    let out = tokio::process::Command::new("cp")
+        .args(["--reflink=auto", "--sparse=always", "--"])
+        .arg(src)
+        .arg(dest)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| VmmError::Disk {
+            path: dest.to_path_buf(),
+            detail: format!("running cp: {e}"),
+        })?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(dest);
+        return Err(VmmError::Disk {
+            path: dest.to_path_buf(),
+            detail: format!(
+                "cp from {} failed ({}): {}",
+                src.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(())
+}
