@@ -8,6 +8,8 @@
 #   initramfs.cpio.gz       base archive (busybox, modules, /init) + a second archive holding only /hearth-agent
 #   rootfs/minimal.ext4     busybox-static root filesystem (tests)
 #   rootfs/debian.ext4      mmdebstrap minbase of trixie with python3, bash, coreutils, ca-certificates, procps
+#   rootfs/base.ext4        the default template: trixie with Python 3, Node.js, Bun, Go, Rust (cargo), git,
+#                           curl, build tools, and the Pi coding agent (npm, installed by the host's npm)
 #   manifest.json           every artifact with its size and sha256, and the kernel release
 #
 # Caching: each artifact has a recipe key (sha256 of the shell functions that build it, the versions of the
@@ -43,6 +45,10 @@ vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio-rng ov
 DEBIAN_SUITE=trixie
 DEBIAN_PACKAGES="python3,bash,coreutils,ca-certificates,procps"
 DEBIAN_SIZE=2G
+BASE_PACKAGES="python3,python3-pip,python3-venv,nodejs,npm,golang-go,rustc,cargo,git,curl,ca-certificates,\
+build-essential,pkg-config,bash,coreutils,procps,less,xz-utils,unzip,zip,iproute2,openssh-client,jq"
+BASE_NPM="bun@1.4.5 @mariozechner/pi-coding-agent@0.73.1"
+BASE_SIZE=8G
 MINIMAL_SIZE=256M
 
 MODE=build
@@ -315,6 +321,28 @@ build_rootfs_debian() {
     rm -rf "$dir"
 }
 
+# The default template. npm packages are installed by the host's npm into the image's /usr/local (the host's
+# npm configuration and CA bundle reach the registry; the image's node runs them).
+build_rootfs_base() {
+    local key=$1 dir
+    dir=$(mktemp -d "$WORK/base.XXXXXX")
+    log "rootfs base: mmdebstrap $DEBIAN_SUITE + toolchains + npm ($BASE_NPM); this takes several minutes"
+    mmdebstrap --quiet --mode=root --variant=minbase --include="$BASE_PACKAGES" \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-exclude=/usr/share/info/*' \
+        --customize-hook="npm install -g --prefix \"\$1/usr/local\" --no-audit --no-fund --loglevel=error $BASE_NPM" \
+        --customize-hook='chroot "$1" dpkg-query -W -f="\${Package} \${Version}\n" > "$1/etc/hearth-packages"' \
+        --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/log/*.log' \
+        "$DEBIAN_SUITE" "$dir" "$MIRROR" >&2
+    rootfs_common "$dir"
+    echo hearth >"$dir/etc/hostname"
+    make_ext4 base "$dir" "$BASE_SIZE" "$key"
+    rm -rf "$dir"
+}
+
 # --- manifest -----------------------------------------------------------------------------------------------
 
 write_manifest() {
@@ -322,7 +350,7 @@ write_manifest() {
     rel=$(cat "$WORK/kernel/release")
     {
         printf '{\n  "kernel_release": "%s",\n  "kernel_package": "%s",\n  "artifacts": [' "$rel" "$(stamp_get kernel-package)"
-        for a in vmlinuz vmlinux initramfs.cpio.gz rootfs/minimal.ext4 rootfs/debian.ext4; do
+        for a in vmlinuz vmlinux initramfs.cpio.gz rootfs/minimal.ext4 rootfs/debian.ext4 rootfs/base.ext4; do
             path=$OUT/$a
             [ -e "$path" ] || continue
             size=$(stat -L -c %s "$path")
@@ -452,6 +480,16 @@ main() {
         build_rootfs_debian "$dkey"
         record_sha rootfs/debian.ext4
         stamp_set rootfs-debian "$dkey"
+        changed=1
+    fi
+
+    local basekey
+    basekey=$(printf '%s %s %s %s %s %s' "$DEBIAN_SUITE" "$BASE_PACKAGES" "$BASE_NPM" "$BASE_SIZE" "$MIRROR" \
+        "$(fn_key rootfs_common make_ext4 build_rootfs_base)" | sha)
+    if step rootfs-base "$basekey" "$OUT/rootfs/base.ext4"; then
+        build_rootfs_base "$basekey"
+        record_sha rootfs/base.ext4
+        stamp_set rootfs-base "$basekey"
         changed=1
     fi
 

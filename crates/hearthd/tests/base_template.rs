@@ -7,7 +7,10 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn base_template_carries_every_toolchain() {
-    assert!(template_built("base"), "rootfs/base.ext4 must be built (images/build.sh)");
+    assert!(
+        template_built("base"),
+        "rootfs/base.ext4 must be built (images/build.sh)"
+    );
     let d = Daemon::start().await;
     // Rust and Go compile real programs: give them room under TCG.
     let s = d
@@ -34,7 +37,11 @@ async fn base_template_carries_every_toolchain() {
     for (cmd, want) in checks {
         let r = d.run(&s.id, json!({"cmd": cmd, "timeout_s": 600})).await;
         assert_eq!(r.exit_code, 0, "{cmd}: {r:?}");
-        assert!(r.stdout.contains(want), "{cmd}: stdout {:?} lacks {want:?}", r.stdout);
+        assert!(
+            r.stdout.contains(want),
+            "{cmd}: stdout {:?} lacks {want:?}",
+            r.stdout
+        );
     }
     d.destroy(&s.id).await;
 }
