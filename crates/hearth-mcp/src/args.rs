@@ -128,3 +128,13 @@ pub struct SetTimeoutArgs {
     /// Seconds from now until the sandbox is destroyed automatically.
     pub timeout_s: u64,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkArgs {
+    /// The sandbox to fork; it keeps running.
+    pub sandbox_id: String,
+    /// How many children, 1 to 16. Default: 1.
+    #[serde(default)]
+    pub count: Option<u32>,
+}

@@ -17,8 +17,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router
 use serde_json::{Value, json};
 
 use crate::args::{
-    CreateSandboxArgs, Encoding, ExecArgs, ListFilesArgs, ListSandboxesArgs, MAX_READ, ReadFileArgs,
-    SandboxArgs, SetTimeoutArgs, WriteFileArgs,
+    CreateSandboxArgs, Encoding, ExecArgs, ForkArgs, ListFilesArgs, ListSandboxesArgs, MAX_READ,
+    ReadFileArgs, SandboxArgs, SetTimeoutArgs, WriteFileArgs,
 };
 use crate::format::{self, Capped};
 
@@ -401,6 +401,23 @@ impl HearthMcp {
         let client = tri!(self.client(&ctx));
         let sbx = api!(client.resume_sandbox(&a.sandbox_id));
         ok_json(to_json(&sbx))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false),
+        description = "Fork a running sandbox into `count` children (default 1, at most 16) that continue from \
+                       this moment: same processes, memory and files, each with its own disk and hostname. The \
+                       parent keeps running. Returns the children (their ids are new sandbox_ids); kill them \
+                       when done."
+    )]
+    async fn fork_sandbox(
+        &self,
+        Parameters(a): Parameters<ForkArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let forked = api!(client.fork_sandbox(&a.sandbox_id, a.count.unwrap_or(1)));
+        ok_json(to_json(&forked))
     }
 
     #[tool(

@@ -54,6 +54,7 @@ async fn rmcp_client_over_stdio() {
         [
             "create_sandbox",
             "exec",
+            "fork_sandbox",
             "kill_sandbox",
             "list_files",
             "list_sandboxes",

@@ -78,7 +78,7 @@ try {
   const names = tools.map((t) => t.name).sort();
   log(`tools: ${names.join(", ")}`);
   for (const want of [
-    "create_sandbox", "exec", "kill_sandbox", "list_files", "list_sandboxes", "list_templates", "pause_sandbox",
+    "create_sandbox", "exec", "fork_sandbox", "kill_sandbox", "list_files", "list_sandboxes", "list_templates", "pause_sandbox",
     "read_file", "resume_sandbox", "sandbox_info", "set_timeout", "write_file",
   ]) {
     assert.ok(names.includes(want), `missing tool ${want}`);
@@ -194,6 +194,23 @@ try {
       assert.equal(out.stdout, "line one\nsecond line ünïcode\n");
       r = toolError(await call("resume_sandbox", { sandbox_id: "sb_doesnotexist" }));
       assert.equal(json(r).error.code, "not_found");
+
+      log("fork");
+      const forked = ok(await call("fork_sandbox", { sandbox_id: id }));
+      assert.equal(forked.sandboxes.length, 1);
+      const child = forked.sandboxes[0];
+      assert.notEqual(child.id, id);
+      assert.equal(child.state, "running");
+      try {
+        out = ok(await call("exec", { sandbox_id: child.id, command: "cat /root/new/dir/notes.txt; echo child > /root/who" }));
+        assert.equal(out.stdout, "line one\nsecond line ünïcode\n");
+        out = ok(await call("exec", { sandbox_id: id, command: "cat /root/who" }));
+        assert.notEqual(out.exit_code, 0, "the child's write must not reach the parent");
+      } finally {
+        ok(await call("kill_sandbox", { sandbox_id: child.id }));
+      }
+      r = toolError(await call("fork_sandbox", { sandbox_id: id, count: 0 }));
+      assert.equal(json(r).error.code, "invalid_argument");
     } finally {
       log("kill_sandbox");
       const killed = ok(await call("kill_sandbox", { sandbox_id: id }));
