@@ -48,6 +48,22 @@ pub enum Command {
     /// Resume a paused sandbox where it was (commands and file operations also resume it by themselves
     /// unless it was created with `--no-auto-resume`).
     Resume { id: String },
+    /// Fork a running sandbox into N children that continue its processes, memory and files.
+    Fork {
+        id: String,
+        /// Number of children (1-16).
+        #[arg(long, short = 'n', default_value_t = 1)]
+        count: u32,
+    },
+    /// Checkpoint a running sandbox into a snapshot (it continues); `hearth create --snapshot` starts from it.
+    Snapshot { id: String },
+    /// List snapshots.
+    Snapshots,
+    /// Delete snapshots (refused while sandboxes created from them exist).
+    SnapshotRm {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Show usage: one sandbox's since its creation, or every sandbox's within a window.
     Usage {
         /// One sandbox; all when omitted.

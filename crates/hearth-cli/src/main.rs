@@ -99,6 +99,10 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Rm { ids } => cmd::sandbox::remove(ctx, &ids).await,
         Command::Timeout { id, seconds } => cmd::sandbox::timeout(ctx, &id, seconds).await,
         Command::Pause { id } => cmd::sandbox::pause(ctx, &id).await,
+        Command::Fork { id, count } => cmd::sandbox::fork(ctx, &id, count).await,
+        Command::Snapshot { id } => cmd::sandbox::snapshot(ctx, &id).await,
+        Command::Snapshots => cmd::sandbox::snapshots(ctx).await,
+        Command::SnapshotRm { ids } => cmd::sandbox::snapshot_rm(ctx, &ids).await,
         Command::Resume { id } => cmd::sandbox::resume(ctx, &id).await,
         Command::Usage { id, from, to } => {
             cmd::sandbox::usage(ctx, id.as_deref(), from.as_deref(), to.as_deref()).await

@@ -5,8 +5,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use hearth_api::{
-    CreateSandboxRequest, Sandbox, SandboxList, SandboxState, SandboxUsage, SetTimeoutRequest, SystemInfo,
-    UsageReport,
+    CreateSandboxRequest, ForkRequest, ForkResponse, Sandbox, SandboxList, SandboxState, SandboxUsage,
+    SetTimeoutRequest, SnapshotList, SnapshotObject, SystemInfo, UsageReport,
 };
 use reqwest::{Method, RequestBuilder, Response, Url};
 use serde::Serialize;
@@ -252,6 +252,35 @@ impl Client {
     /// `POST /v1/sandboxes/{id}/resume`: restores a paused sandbox into a fresh VM process.
     pub async fn resume_sandbox(&self, id: &str) -> Result<Sandbox, Error> {
         self.call::<(), _>(Method::POST, self.url(&["v1", "sandboxes", id, "resume"]), None)
+            .await
+    }
+
+    /// `POST /v1/sandboxes/{id}/fork`: `count` children continuing the sandbox's state; it keeps running.
+    pub async fn fork_sandbox(&self, id: &str, count: u32) -> Result<ForkResponse, Error> {
+        let url = self.url(&["v1", "sandboxes", id, "fork"]);
+        self.call(Method::POST, url, Some(&ForkRequest { count: Some(count) }))
+            .await
+    }
+
+    /// `POST /v1/sandboxes/{id}/snapshots`: checkpoints the sandbox (it continues) into a snapshot object.
+    pub async fn snapshot_sandbox(&self, id: &str) -> Result<SnapshotObject, Error> {
+        self.call::<(), _>(
+            Method::POST,
+            self.url(&["v1", "sandboxes", id, "snapshots"]),
+            None,
+        )
+        .await
+    }
+
+    /// `GET /v1/snapshots`.
+    pub async fn list_snapshots(&self) -> Result<SnapshotList, Error> {
+        self.call::<(), _>(Method::GET, self.url(&["v1", "snapshots"]), None)
+            .await
+    }
+
+    /// `DELETE /v1/snapshots/{id}` (refused with `conflict` while sandboxes created from it exist).
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), Error> {
+        self.call_no_content::<()>(Method::DELETE, self.url(&["v1", "snapshots", id]), None)
             .await
     }
 

@@ -14,6 +14,8 @@ use crate::db::{PausedState, SandboxRow};
 use crate::service::pause::PAUSED_DIR;
 use crate::service::{Live, Sandboxes, ServiceError, snapshot};
 
+/// How long recovery keeps trying to finish an interrupted pause while the VMM may still be capturing.
+const REDO_PAUSE_FOR: Duration = Duration::from_secs(40);
 /// How long an adopted VM's agent has to answer after a daemon restart.
 const ADOPT_CONNECT: Duration = Duration::from_secs(15);
 
@@ -161,6 +163,41 @@ async fn finish_pause(svc: &Arc<Sandboxes>, row: SandboxRow) -> Result<(), Servi
             }
             svc.db()
                 .transition(&row.id, SandboxState::Pausing, SandboxState::Running)?;
+            let alive = row
+                .handle
+                .as_ref()
+                .is_some_and(|h| h.kind == svc.vmm.kind() && svc.vmm.is_alive(h));
+            if alive {
+                // The VMM may have stopped the guest for the capture we did not see finish: do the pause
+                // again (the guest's disks were flushed before `pausing` was recorded). If that fails, the
+                // driver lets the guest run again and the sandbox is adopted as running.
+                // The VMM may still be writing the interrupted capture (it does not need us for that): a new
+                // one is refused until it is done, so try again for a while.
+                let deadline = Instant::now() + REDO_PAUSE_FOR;
+                loop {
+                    match svc.pause_now(&row.id).await {
+                        Ok(_) => {
+                            tracing::info!(sandbox = %row.id, "finished a pause interrupted by the restart (captured again)");
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            tracing::warn!(sandbox = %row.id, error = %e, "redoing an interrupted pause failed")
+                        }
+                    }
+                    let running = svc
+                        .db()
+                        .get(&row.id)?
+                        .is_some_and(|r| r.state == SandboxState::Running);
+                    if !running {
+                        return Ok(());
+                    }
+                    let alive = row.handle.as_ref().is_some_and(|h| svc.vmm.is_alive(h));
+                    if !alive || Instant::now() >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
             tracing::info!(sandbox = %row.id, "rolled an interrupted pause back to running");
             adopt_one(
                 svc,

@@ -191,7 +191,7 @@ async fn restart_finishes_or_rolls_back_interrupted_pauses_and_resumes() {
         .db()
         .set_state(&a.id, SandboxState::Pausing, None)
         .expect("set");
-    // B: only a temporary directory was written and the VM still runs → running again.
+    // B: only a temporary directory was written and the VM still runs → the pause is done again.
     let b = f.svc.create(create_req(60)).await.expect("create b");
     f.svc
         .db()
@@ -211,7 +211,7 @@ async fn restart_finishes_or_rolls_back_interrupted_pauses_and_resumes() {
     let svc = f.restart();
     hearthd::adopt::recover(&svc).await.expect("recover");
     assert_eq!(svc.get(&a.id).expect("a").state, SandboxState::Paused);
-    assert_eq!(svc.get(&b.id).expect("b").state, SandboxState::Running);
+    assert_eq!(svc.get(&b.id).expect("b").state, SandboxState::Paused);
     assert!(!b_dir.join(".tmp-paused-0123").exists());
     assert_eq!(svc.get(&c.id).expect("c").state, SandboxState::Paused);
     // All three are usable.
@@ -221,4 +221,16 @@ async fn restart_finishes_or_rolls_back_interrupted_pauses_and_resumes() {
     }
     let u = svc.usage(None, None).expect("usage");
     assert_eq!(u.sandboxes.len(), 3);
+
+    // D: an interrupted pause that cannot be captured again while its VM runs → running, adopted.
+    let d = svc.create(create_req(60)).await.expect("create d");
+    svc.db()
+        .set_state(&d.id, SandboxState::Pausing, None)
+        .expect("set");
+    f.vmm.fail_snapshot.store(true, Ordering::SeqCst);
+    let svc = f.restart();
+    hearthd::adopt::recover(&svc).await.expect("recover");
+    assert_eq!(svc.get(&d.id).expect("d").state, SandboxState::Running);
+    let r = svc.run_command(&d.id, &echo()).await.expect("run in d");
+    assert_eq!(r.exit_code, 0);
 }

@@ -156,3 +156,63 @@ pub async fn usage(ctx: &Ctx, id: Option<&str>, from: Option<&str>, to: Option<&
     ctx.emit(&rows, || output::usage_table(&rows.sandboxes))?;
     Ok(0)
 }
+
+pub async fn fork(ctx: &Ctx, id: &str, count: u32) -> anyhow::Result<u8> {
+    let spinner = Spinner::start(format!("forking {} into {count}", output::clean(id)));
+    let forked = ctx.client()?.fork_sandbox(id, count).await;
+    drop(spinner);
+    let forked = forked?;
+    ctx.emit(&forked, || {
+        forked.sandboxes.iter().map(|s| format!("{}\n", s.id)).collect()
+    })?;
+    Ok(0)
+}
+
+pub async fn snapshot(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
+    let spinner = Spinner::start(format!("snapshotting {}", output::clean(id)));
+    let snap = ctx.client()?.snapshot_sandbox(id).await;
+    drop(spinner);
+    let snap = snap?;
+    ctx.emit(&snap, || format!("{}\n", snap.id))?;
+    Ok(0)
+}
+
+pub async fn snapshots(ctx: &Ctx) -> anyhow::Result<u8> {
+    let list = ctx.client()?.list_snapshots().await?;
+    ctx.emit(&list, || {
+        let rows: Vec<Vec<String>> = list
+            .snapshots
+            .iter()
+            .map(|s| {
+                vec![
+                    s.id.clone(),
+                    s.sandbox_id.clone(),
+                    s.template.clone(),
+                    s.size_bytes.to_string(),
+                    s.created_at.clone(),
+                ]
+            })
+            .collect();
+        output::table(
+            &["ID", "SANDBOX", "TEMPLATE", "BYTES", "CREATED"],
+            &rows,
+            output::Style::PLAIN,
+        )
+    })?;
+    Ok(0)
+}
+
+pub async fn snapshot_rm(ctx: &Ctx, ids: &[String]) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    let mut failed = false;
+    for id in ids {
+        match client.delete_snapshot(id).await {
+            Ok(()) => println!("{}", output::clean(id)),
+            Err(e) => {
+                eprintln!("hearth: {}: {e}", output::clean(id));
+                failed = true;
+            }
+        }
+    }
+    Ok(u8::from(failed))
+}

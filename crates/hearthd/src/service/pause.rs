@@ -183,7 +183,8 @@ impl Sandboxes {
             .unwrap_or_else(|e| Err(ServiceError::Internal(format!("resume task: {e}"))))
     }
 
-    async fn pause_now(&self, id: &str) -> Result<Sandbox, ServiceError> {
+    /// The pause itself, in the caller's task (recovery calls it to redo an interrupted pause).
+    pub(crate) async fn pause_now(&self, id: &str) -> Result<Sandbox, ServiceError> {
         let lock = self.op_lock(id);
         let _guard = lock.lock().await;
         let row = self.row(id)?;
