@@ -13,6 +13,7 @@ export type {
   SandboxOpts,
   SandboxState,
   SandboxUsage,
+  SnapshotInfo,
 } from "./sandbox.js";
 export { Commands, CommandHandle } from "./commands.js";
 export type { CommandOpts, ProcessInfo, WaitOpts } from "./commands.js";

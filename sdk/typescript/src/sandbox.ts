@@ -31,6 +31,35 @@ export interface SandboxInfo {
   autoResume: boolean;
   /** What its timeout does: destroy it (`kill`) or pause it (`pause`). */
   onTimeout: OnTimeout;
+  /** The sandbox it was forked from. */
+  parentId?: string | undefined;
+  /** The snapshot it was created from. */
+  snapshotId?: string | undefined;
+}
+
+/** A snapshot: a sandbox's running state (memory, devices, disk) at one moment. */
+export interface SnapshotInfo {
+  /** The snapshot id (`snp_...`). */
+  id: string;
+  /** The sandbox it was taken from (which may since be gone). */
+  sandboxId: string;
+  createdAt: Date;
+  sizeBytes: number;
+  template: string;
+  vcpus: number;
+  memoryMib: number;
+}
+
+function toSnapshot(s: Schemas["SnapshotObject"]): SnapshotInfo {
+  return {
+    id: s.id,
+    sandboxId: s.sandbox_id,
+    createdAt: new Date(s.created_at),
+    sizeBytes: s.size_bytes,
+    template: s.template,
+    vcpus: s.vcpus,
+    memoryMib: s.memory_mib,
+  };
 }
 
 /** What a sandbox's timeout does. */
@@ -65,6 +94,11 @@ export interface SandboxUsage {
 export interface SandboxOpts extends ConnectionOpts, RequestOpts {
   /** Template to start from; the first argument of `create` takes precedence. Default: the daemon's. */
   template?: string | undefined;
+  /**
+   * Start from this snapshot (`snp_...`, from `sbx.createSnapshot()`) instead of booting a template: the new
+   * sandbox continues the snapshot's processes, memory and files (template, vCPUs and memory are the snapshot's).
+   */
+  snapshot?: string | undefined;
   /** Virtual CPUs (1-16). Default 1. */
   vcpus?: number | undefined;
   /** Guest memory in MiB (128-16384). Default 512. */
@@ -107,6 +141,8 @@ function toInfo(s: Schemas["Sandbox"]): SandboxInfo {
     error: s.error ?? undefined,
     autoResume: s.auto_resume ?? true,
     onTimeout: s.on_timeout ?? "kill",
+    parentId: s.parent_id ?? undefined,
+    snapshotId: s.snapshot_id ?? undefined,
   };
 }
 
@@ -153,6 +189,7 @@ export class Sandbox {
       metadata: opts.metadata ?? {},
       on_timeout: opts.lifecycle?.onTimeout ?? null,
       auto_resume: opts.lifecycle?.autoResume ?? null,
+      snapshot: opts.snapshot ?? null,
     };
     const { data } = await conn.call(opts, (signal) => conn.api.POST("/v1/sandboxes", { body, signal }));
     return new Sandbox(conn, data.id);
@@ -184,6 +221,54 @@ export class Sandbox {
   /** Destroys a sandbox by id. Resolves false if there was none. */
   static async kill(id: string, opts: ConnectionOpts & RequestOpts = {}): Promise<boolean> {
     return killById(new Connection(opts), id, opts);
+  }
+
+  /** Lists snapshots. */
+  static async listSnapshots(opts: ConnectionOpts & RequestOpts = {}): Promise<SnapshotInfo[]> {
+    const conn = new Connection(opts);
+    const { data } = await conn.call(opts, (signal) => conn.api.GET("/v1/snapshots", { signal }));
+    return data.snapshots.map(toSnapshot);
+  }
+
+  /**
+   * Deletes a snapshot. Resolves false if there was none; rejects with `ConflictError` while a sandbox created
+   * from it exists.
+   */
+  static async deleteSnapshot(id: string, opts: ConnectionOpts & RequestOpts = {}): Promise<boolean> {
+    const conn = new Connection(opts);
+    try {
+      await conn.call(opts, (signal) => conn.api.DELETE("/v1/snapshots/{id}", { params: { path: { id } }, signal }));
+      return true;
+    } catch (err) {
+      if (err instanceof HearthError && err.code === "not_found") return false;
+      throw err;
+    }
+  }
+
+  /**
+   * Checkpoints the running sandbox into a snapshot (it is stopped only while it is captured). Start new
+   * sandboxes from it with `Sandbox.create({ snapshot: id })`.
+   */
+  async createSnapshot(opts: RequestOpts = {}): Promise<SnapshotInfo> {
+    const { data } = await this.conn.call(opts, (signal) =>
+      this.conn.api.POST("/v1/sandboxes/{id}/snapshots", { params: { path: { id: this.id } }, signal }),
+    );
+    return toSnapshot(data);
+  }
+
+  /**
+   * Forks the running sandbox into `count` children (1-16, default 1) that continue its processes, memory and
+   * files, each with its own disk, hostname and fresh entropy; this sandbox keeps running.
+   */
+  async fork(opts: RequestOpts & { count?: number } = {}): Promise<Sandbox[]> {
+    const { data } = await this.conn.call(opts, (signal) =>
+      this.conn.api.POST("/v1/sandboxes/{id}/fork", {
+        params: { path: { id: this.id } },
+        body: { count: opts.count ?? null },
+        signal,
+      }),
+    );
+    return data.sandboxes.map((s) => new Sandbox(this.conn, s.id));
   }
 
   /** The sandbox's current state and settings. */

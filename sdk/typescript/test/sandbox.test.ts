@@ -429,6 +429,57 @@ describe("a second sandbox", () => {
   });
 });
 
+describe("fork and snapshots", () => {
+  test("fork continues memory and files; a snapshot starts new sandboxes; deleteSnapshot", async () => {
+    await sbx.files.write("/root/lineage.txt", "from the parent");
+    // A shell variable lives only in the memory of this background process: a fork must carry it over.
+    const holder = await sbx.commands.run("secret=$((RANDOM + 1)); echo $secret > /tmp/secret; sleep 1000", {
+      background: true,
+    });
+    await sbx.commands.run("while [ ! -s /tmp/secret ]; do sleep 0.1; done");
+
+    const [child, ...more] = await sbx.fork({ count: 1 });
+    assert.ok(child);
+    assert.equal(more.length, 0);
+    try {
+      const info = await child.getInfo();
+      assert.equal(info.state, "running");
+      assert.equal(info.parentId, sbx.id);
+      assert.notEqual(child.id, sbx.id);
+      assert.equal(await child.files.read("/root/lineage.txt"), "from the parent");
+      const inChild = (await child.commands.list()).find((p) => p.pid === holder.pid);
+      assert.ok(inChild && inChild.exitCode === undefined, "the parent's process does not run in the child");
+      // The child is its own machine from now on.
+      await child.files.write("/root/lineage.txt", "changed in the child");
+      assert.equal(await sbx.files.read("/root/lineage.txt"), "from the parent");
+      assert.equal((await sbx.getInfo()).state, "running");
+    } finally {
+      assert.equal(await child.kill(), true);
+    }
+
+    const snap = await sbx.createSnapshot();
+    assert.match(snap.id, /\S/);
+    assert.equal(snap.sandboxId, sbx.id);
+    assert.equal(snap.template, "minimal");
+    assert.ok(snap.sizeBytes > 0);
+    assert.ok((await Sandbox.listSnapshots(conn())).some((s) => s.id === snap.id));
+    assert.equal((await sbx.commands.run("echo still here")).stdout, "still here\n");
+
+    const restored = await Sandbox.create({ ...conn(), snapshot: snap.id });
+    try {
+      assert.equal((await restored.getInfo()).snapshotId, snap.id);
+      assert.equal(await restored.files.read("/root/lineage.txt"), "from the parent");
+      assert.equal(await restored.files.read("/tmp/secret"), await sbx.files.read("/tmp/secret"));
+      await assert.rejects(Sandbox.deleteSnapshot(snap.id, conn()), ConflictError);
+    } finally {
+      assert.equal(await restored.kill(), true);
+    }
+    assert.equal(await Sandbox.deleteSnapshot(snap.id, conn()), true);
+    assert.equal(await Sandbox.deleteSnapshot(snap.id, conn()), false);
+    assert.equal(await holder.kill(), true);
+  });
+});
+
 describe("kill", () => {
   test("sbx.kill destroys the sandbox", async () => {
     assert.equal(await sbx.kill(), true);

@@ -199,6 +199,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fork a running sandbox into `count` children (1-16) that continue its processes, memory and files; the
+         *     parent keeps running. Each child gets its own disk, hostname, machine-id and fresh entropy.
+         */
+        post: operations["fork"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/pause": {
         parameters: {
             query?: never;
@@ -301,6 +321,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/snapshots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Checkpoint a running sandbox into a snapshot object; the sandbox is stopped only while it is captured. */
+        post: operations["snapshot"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/timeout": {
         parameters: {
             query?: never;
@@ -330,6 +367,43 @@ export interface paths {
         put?: never;
         post?: never;
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/snapshots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List snapshots. */
+        get: operations["list_snapshots"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/snapshots/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Delete a snapshot. Refused (409) while a sandbox created from it exists: its disk is layered on the
+         *     snapshot's disk copy.
+         */
+        delete: operations["delete_snapshot"];
         options?: never;
         head?: never;
         patch?: never;
@@ -468,6 +542,11 @@ export interface components {
                 [key: string]: string;
             };
             on_timeout?: components["schemas"]["OnTimeout"] | null;
+            /**
+             * @description Start from this snapshot (`snp_...`) instead of booting a template: the new sandbox continues the
+             *     snapshot's processes, memory and files (its template, vCPUs and memory are the snapshot's).
+             */
+            snapshot?: string | null;
             /** @description Template (root filesystem) to start from. Defaults to the daemon's default template. */
             template?: string | null;
             /**
@@ -523,6 +602,20 @@ export interface components {
         FileKind: "file" | "dir" | "symlink" | "other";
         FileList: {
             entries: components["schemas"]["FileInfo"][];
+        };
+        /** @description Body of `POST /v1/sandboxes/{id}/fork`. */
+        ForkRequest: {
+            /**
+             * Format: int32
+             * @description How many children (1-16). Default 1.
+             */
+            count?: number | null;
+        };
+        /** @description Answer of `POST /v1/sandboxes/{id}/fork`. */
+        ForkResponse: {
+            sandboxes: components["schemas"]["Sandbox"][];
+            /** @description The snapshot the children were restored from. */
+            snapshot_id: string;
         };
         /** @description Body of `POST .../processes/{pid}/kill`. */
         KillProcessRequest: {
@@ -660,6 +753,25 @@ export interface components {
              * @description New TTL in seconds, counted from now (1-86400).
              */
             timeout_s: number;
+        };
+        /** @description Body of `GET /v1/snapshots`. */
+        SnapshotList: {
+            snapshots: components["schemas"]["SnapshotObject"][];
+        };
+        /** @description A snapshot: a sandbox's running state (memory, devices, disk) at one moment. */
+        SnapshotObject: {
+            /** @description RFC 3339. */
+            created_at: string;
+            id: string;
+            /** Format: int32 */
+            memory_mib: number;
+            /** @description The sandbox it was taken from (which may since be gone). */
+            sandbox_id: string;
+            /** Format: int64 */
+            size_bytes: number;
+            template: string;
+            /** Format: int32 */
+            vcpus: number;
         };
         /** @description Body of `GET /v1/system`: which VMM the daemon uses and why, and what the host can hold. */
         SystemInfo: {
@@ -1273,6 +1385,75 @@ export interface operations {
             };
         };
     };
+    fork: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"];
+            };
+        };
+        responses: {
+            /** @description The children run */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForkResponse"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not running */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not enough memory left on the host */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     pause: {
         parameters: {
             query?: never;
@@ -1553,6 +1734,53 @@ export interface operations {
             };
         };
     };
+    snapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SnapshotObject"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not running */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     set_timeout: {
         parameters: {
             query?: never;
@@ -1616,6 +1844,63 @@ export interface operations {
                 };
             };
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_snapshots: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SnapshotList"];
+                };
+            };
+        };
+    };
+    delete_snapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Snapshot id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Sandboxes use it */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
