@@ -206,6 +206,8 @@ async fn agent_in_a_real_guest() {
     let mut fg = c.exec(ExecRequest::shell("seq 1 300000")).await.expect("exec");
     let fg_pid = fg.pid;
     assert!(matches!(fg.next_event().await, Some(ExecEvent::Stdout(_))));
+    // The connection dies first (no `Abandon` reaches the agent, which would stop the process).
+    c.close();
     drop(fg);
     drop(c);
 
@@ -234,4 +236,192 @@ async fn agent_in_a_real_guest() {
     assert_eq!(c.wait_process(bg).await.expect("wait").signal, Some(9));
 
     vmm.stop(&vm).await.expect("stop");
+}
+
+fn test_spec(run: &std::path::Path, disk: PathBuf, id: &str, hostname: &str) -> VmSpec {
+    let images = images_dir();
+    VmSpec {
+        id: id.into(),
+        vcpus: 1,
+        memory_mib: 256,
+        images: BootImages {
+            vmlinuz: require(images.join("vmlinuz")),
+            vmlinux: images.join("vmlinux"),
+            initramfs: require(images.join("initramfs.cpio.gz")),
+        },
+        disk,
+        run_dir: run.to_path_buf(),
+        hostname: hostname.into(),
+    }
+}
+
+async fn wait_agent(vmm: &QemuVmm, vm: &VmHandle) -> AgentClient {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        match connect(vmm, vm, Duration::from_secs(10)).await {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "agent not ready: {e}\n{}", console(vm));
+                assert!(vmm.is_alive(vm), "qemu died\n{}", console(vm));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+fn host_random(n: usize) -> Vec<u8> {
+    use std::io::Read;
+    let mut buf = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .expect("host urandom");
+    buf
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .expect("clock after epoch")
+}
+
+/// Two VMs restored from one checkpoint: before `post_restore` they share the kernel RNG state (measured and
+/// printed: whether the 6.1 kernel already tells them apart on its own), after it they differ; the wall clock
+/// moves to the value set; hostname and machine-id change. Also: `sync` before the checkpoint, and an
+/// abandoned foreground exec stopped in the guest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_get_fresh_clock_rng_and_identity() {
+    use hearth_proto::PostRestore;
+    use hearth_vmm::SnapshotMode;
+
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/minimal.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let spec = test_spec(run.path(), disk.clone(), "sbx_00000000000000c1", "origin");
+    let vm = vmm.start(&spec).await.expect("start");
+    let _guard = Guard {
+        vmm: &vmm,
+        vm: vm.clone(),
+    };
+    let c = wait_agent(&vmm, &vm).await;
+
+    // An abandoned foreground exec (`hearth exec ID -- yes | head -2`) is stopped in the guest.
+    let mut h = c.exec(ExecRequest::argv(["yes"])).await.expect("exec yes");
+    let yes = h.pid;
+    assert!(matches!(h.next_event().await, Some(ExecEvent::Stdout(_))));
+    drop(h);
+    let exit = tokio::time::timeout(Duration::from_secs(30), c.wait_process(yes))
+        .await
+        .expect("yes stopped in time")
+        .expect("wait yes");
+    assert_eq!(exit.signal, Some(libc::SIGHUP));
+
+    // Data written just before the checkpoint is on the disk copy once `sync` returned.
+    assert_eq!(
+        out(&c, "echo before-checkpoint > /root/synced; echo ok").await,
+        "ok"
+    );
+    let t = Instant::now();
+    c.sync().await.expect("sync");
+    eprintln!("sync in the guest: {:?}", t.elapsed());
+    let snaps = tempfile::tempdir().expect("tempdir");
+    let ck = snaps.path().join("ck");
+    std::fs::create_dir(&ck).expect("mkdir");
+    let info = vmm
+        .snapshot(&vm, &disk, &ck, SnapshotMode::Checkpoint)
+        .await
+        .expect("checkpoint");
+    drop(c);
+    vmm.stop(&vm).await.expect("stop the original");
+    let ck_disk = ck.join(info.disk.as_deref().expect("checkpoint has a disk"));
+
+    let mut forks = Vec::new();
+    for (i, name) in ["fork-a", "fork-b"].into_iter().enumerate() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fdisk = vmm.prepare_disk(&ck_disk, dir.path()).await.expect("fork disk");
+        let fspec = test_spec(dir.path(), fdisk, &format!("sbx_00000000000000d{i}"), name);
+        let f = vmm.restore(&fspec, &ck, &info).await.expect("restore");
+        let guard = Guard {
+            vmm: &vmm,
+            vm: f.clone(),
+        };
+        let fc = wait_agent(&vmm, &f).await;
+        forks.push((name, dir, f, guard, fc));
+    }
+
+    // Before post_restore: the RNG output of the two forks (what a kernel without help gives them).
+    let mut before = Vec::new();
+    for (_, _, _, _, fc) in &forks {
+        before.push(out(fc, "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'").await);
+    }
+    eprintln!(
+        "urandom right after restore, before post_restore: {} ({} / {})",
+        if before[0] == before[1] {
+            "IDENTICAL in both forks"
+        } else {
+            "different"
+        },
+        before[0],
+        before[1]
+    );
+
+    let mut after = Vec::new();
+    for (i, (name, _, _, _, fc)) in forks.iter().enumerate() {
+        assert_eq!(out(fc, "cat /root/synced").await, "before-checkpoint");
+        // The clock moves to the value set: a day ahead first, then back to now.
+        let ahead = now_ns() + 86_400 * 1_000_000_000;
+        let machine_id = format!("{:032x}", 0xabc0_u128 + i as u128);
+        let report = fc
+            .post_restore(PostRestore {
+                unix_time_ns: ahead,
+                entropy: host_random(64),
+                hostname: Some((*name).to_owned()),
+                machine_id: Some(machine_id.clone()),
+            })
+            .await
+            .expect("post_restore");
+        assert!(report.clock_set && report.crng_reseeded && report.hostname_set && report.machine_id_written);
+        assert_eq!(report.entropy_bits_credited, 512);
+        let guest: i64 = out(fc, "date +%s").await.parse().expect("guest date");
+        let want = ahead / 1_000_000_000;
+        assert!((guest - want).abs() < 60, "guest clock {guest}, set to {want}");
+        fc.post_restore(PostRestore {
+            unix_time_ns: now_ns(),
+            entropy: host_random(64),
+            hostname: None,
+            machine_id: None,
+        })
+        .await
+        .expect("post_restore again");
+        let guest: i64 = out(fc, "date +%s").await.parse().expect("guest date");
+        let host = now_ns() / 1_000_000_000;
+        assert!((guest - host).abs() < 60, "guest clock {guest}, host {host}");
+        assert_eq!(out(fc, "hostname").await, *name);
+        assert_eq!(out(fc, "cat /etc/hostname").await, *name);
+        assert_eq!(out(fc, "cat /etc/machine-id").await, machine_id);
+        after.push(out(fc, "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'").await);
+        // Malformed values are refused in the guest too, and change nothing.
+        let err = fc
+            .post_restore(PostRestore {
+                unix_time_ns: now_ns(),
+                entropy: vec![0; 8],
+                hostname: Some("bad name".into()),
+                machine_id: None,
+            })
+            .await
+            .expect_err("malformed");
+        assert_eq!(err.guest_kind(), Some(hearth_proto::ErrorKind::InvalidRequest));
+        assert_eq!(out(fc, "hostname").await, *name);
+    }
+    assert_eq!(after[0].len(), 64);
+    assert_ne!(
+        after[0], after[1],
+        "forks produce the same random bytes after post_restore"
+    );
+    assert!(!before.contains(&after[0]) && !before.contains(&after[1]));
+    for (_, _, f, _, fc) in forks {
+        drop(fc);
+        vmm.stop(&f).await.expect("stop fork");
+    }
 }
