@@ -59,9 +59,16 @@ fn sample_frames() -> Vec<Vec<u8>> {
             .to_vec(),
     );
     v.push(
-        encode(0, &HostMsg::Hello { version: 1, nonce: 5 }, Bytes::new())
-            .expect("encode")
-            .to_vec(),
+        encode(
+            0,
+            &HostMsg::Hello {
+                version: hearth_proto::PROTOCOL_VERSION,
+                nonce: 5,
+            },
+            Bytes::new(),
+        )
+        .expect("encode")
+        .to_vec(),
     );
     v
 }
@@ -158,7 +165,7 @@ async fn client_survives_random_guest_output() {
             panic!("no hello")
         };
         let ok = GuestMsg::HelloOk {
-            version: 1,
+            version: hearth_proto::PROTOCOL_VERSION,
             agent_version: "fuzz".into(),
             nonce,
         };

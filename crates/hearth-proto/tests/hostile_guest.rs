@@ -180,7 +180,9 @@ async fn version_mismatch_is_a_clear_error() {
     )
     .await;
     match connect.await.expect("join") {
-        Err(ClientError::VersionMismatch { host, agent }) => assert_eq!((host, agent), (1, 2)),
+        Err(ClientError::VersionMismatch { host, agent }) => {
+            assert_eq!((host, agent), (PROTOCOL_VERSION, PROTOCOL_VERSION + 1))
+        }
         other => panic!("expected a version mismatch, got {other:?}"),
     }
     let (host, mut g) = pair();
