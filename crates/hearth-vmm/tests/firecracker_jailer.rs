@@ -213,6 +213,51 @@ async fn jailed_snapshot_restores_into_a_fresh_jail() {
     assert!(processes_mentioning(&sbx.dir).is_empty());
 }
 
+#[tokio::test]
+async fn jailed_checkpoint_forks_into_another_jail_through_the_trait() {
+    use hearth_vmm::SnapshotMode;
+    let images = images();
+    let sbx = Sandbox::new();
+    let (vmm, _, _) = jailed_vmm(&sbx.instance_id());
+    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let spec = sbx.spec(&images, disk.clone());
+    let vm = vmm.start(&spec).await.expect("start");
+    let _guard = KillOnDrop(vm.clone());
+    let dir = sbx.tmp.path().join("ck");
+    std::fs::create_dir(&dir).expect("snapshot dir");
+    let info = vmm
+        .snapshot(&vm, &disk, &dir, SnapshotMode::Checkpoint)
+        .await
+        .expect("jailed checkpoint");
+    assert!(vmm.is_alive(&vm), "the original runs on");
+    for f in &info.files {
+        let meta = std::fs::symlink_metadata(dir.join(f)).expect("snapshot file");
+        assert!(meta.is_file(), "{f}");
+        assert_eq!(meta.uid(), 0, "{f} handed to root");
+    }
+    // The fork: another sandbox, its own jail and disk; the state names jail paths, so it loads there.
+    let fsbx = Sandbox::new();
+    let (fvmm, _, _) = jailed_vmm(&fsbx.instance_id());
+    let fdisk = fvmm
+        .prepare_disk(&dir.join(info.disk.as_deref().expect("disk copy")), &fsbx.dir)
+        .await
+        .expect("fork disk");
+    let fork = fvmm
+        .restore(&fsbx.spec(&images, fdisk), &dir, &info)
+        .await
+        .expect("jailed fork");
+    let _fguard = KillOnDrop(fork.clone());
+    assert!(fvmm.is_alive(&fork));
+    assert_eq!(
+        fvmm.api(&fork.run_dir).describe().await.expect("describe").state,
+        "Running"
+    );
+    fvmm.stop(&fork).await.expect("stop fork");
+    vmm.stop(&vm).await.expect("stop");
+    assert!(processes_mentioning(&sbx.dir).is_empty());
+    assert!(processes_mentioning(&fsbx.dir).is_empty());
+}
+
 /// A network namespace made (and removed) by the test.
 struct Netns(String);
 
