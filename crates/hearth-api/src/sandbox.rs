@@ -236,3 +236,45 @@ pub struct SnapshotObject {
 pub struct SnapshotList {
     pub snapshots: Vec<SnapshotObject>,
 }
+
+/// Body of `POST /v1/templates`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateTemplateRequest {
+    /// New template name (`[a-z0-9-]`, 1-63 characters).
+    pub name: String,
+    /// Save this sandbox's root filesystem (flattened into a standalone image).
+    pub from_sandbox: String,
+    /// Also save its running memory: sandboxes created from the template then start by restore, not boot,
+    /// with the sandbox's processes running.
+    #[serde(default)]
+    pub include_memory: bool,
+}
+
+/// A template: a root filesystem new sandboxes start from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct Template {
+    pub name: String,
+    /// `true` for the images built with the host (`images/rootfs/*.ext4`), which cannot be deleted here.
+    pub builtin: bool,
+    /// The sandbox it was saved from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_sandbox: Option<String>,
+    /// The memory snapshot sandboxes of this template restore from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    /// Bytes on disk of the root filesystem image.
+    pub size_bytes: u64,
+    /// RFC 3339; absent for built-in templates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+}
+
+/// Body of `GET /v1/templates`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct TemplateList {
+    pub templates: Vec<Template>,
+}

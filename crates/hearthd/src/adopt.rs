@@ -126,6 +126,7 @@ pub async fn recover(svc: &Arc<Sandboxes>) -> Result<(), ServiceError> {
     }
     remove_orphans(svc)?;
     remove_orphan_snapshots(svc)?;
+    snapshot::remove_temporaries(&svc.settings().paths.user_templates_dir());
     reconcile_usage(svc)?;
     Ok(())
 }

@@ -91,6 +91,23 @@ impl Paths {
         self.snapshots_dir().join(id)
     }
 
+    pub fn user_templates_dir(&self) -> PathBuf {
+        self.data_dir.join("templates")
+    }
+
+    /// Root filesystem of a template saved from a sandbox. `name` must already be validated.
+    pub fn user_template_image(&self, name: &str) -> PathBuf {
+        debug_assert!(hearth_api::is_valid_template_name(name));
+        self.user_templates_dir().join(name).join("rootfs.ext4")
+    }
+
+    /// The root filesystem a template's sandboxes start from: a saved template first, else a built-in image.
+    pub fn template_base(&self, name: &str) -> Option<PathBuf> {
+        [self.user_template_image(name), self.template_image(name)]
+            .into_iter()
+            .find(|p| p.is_file())
+    }
+
     /// Root filesystem image of a template. `name` must already be validated.
     pub fn template_image(&self, name: &str) -> PathBuf {
         debug_assert!(hearth_api::is_valid_template_name(name));

@@ -67,6 +67,14 @@ const MIGRATIONS: &[&str] = &[
         memory_mib  INTEGER NOT NULL,
         env         TEXT NOT NULL      -- JSON object: the source's environment, inherited by its restores
     );",
+    // 4: templates saved from sandboxes.
+    "CREATE TABLE templates (
+        name         TEXT PRIMARY KEY NOT NULL,
+        from_sandbox TEXT NOT NULL,
+        snapshot_id  TEXT,              -- with memory: the snapshot its sandboxes restore from
+        created_at   INTEGER NOT NULL,
+        size_bytes   INTEGER NOT NULL
+    );",
 ];
 
 #[derive(Debug, thiserror::Error)]

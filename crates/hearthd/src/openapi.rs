@@ -6,7 +6,7 @@ use utoipa::Modify;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::http::{commands, files, sandboxes, system};
+use crate::http::{commands, files, sandboxes, system, templates};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -16,6 +16,7 @@ use crate::http::{commands, files, sandboxes, system};
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::destroy, sandboxes::set_timeout,
         sandboxes::pause, sandboxes::resume, sandboxes::usage, sandboxes::usage_report,
         sandboxes::fork, sandboxes::snapshot, sandboxes::list_snapshots, sandboxes::delete_snapshot,
+        templates::create, templates::list, templates::get, templates::delete,
         commands::run, commands::processes, commands::wait, commands::kill, commands::stdin,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         system::healthz, system::system, system::metrics, system::openapi,
@@ -28,6 +29,7 @@ use crate::http::{commands, files, sandboxes, system};
         (name = "commands", description = "Run commands and manage processes in a sandbox"),
         (name = "files", description = "Files in a sandbox"),
         (name = "snapshots", description = "Checkpoints of running sandboxes, forks, and sandboxes started from them"),
+        (name = "templates", description = "Built-in templates and templates saved from sandboxes"),
         (name = "usage", description = "Metering: running, vCPU, memory and paused seconds per sandbox"),
         (name = "system", description = "Health, metrics and host report"),
     )

@@ -21,7 +21,7 @@ async fn base_template_carries_every_toolchain() {
         ("python3 -c 'import sys; print(sys.version_info[0])'", "3"),
         ("node -e 'console.log(6*7)'", "42"),
         ("bun -e 'console.log(6*7)'", "42"),
-        ("pi --version", "."),
+        ("pi --version 2>&1", "0.73"),
         ("git --version", "git version"),
         ("curl --version", "curl"),
         ("gcc --version", "gcc"),

@@ -109,3 +109,69 @@ impl Db {
         Ok(users)
     }
 }
+
+/// A template saved from a sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateRow {
+    pub name: String,
+    pub from_sandbox: String,
+    pub snapshot_id: Option<String>,
+    pub created_at_ms: i64,
+    pub size_bytes: u64,
+}
+
+impl Db {
+    pub fn insert_template(&self, t: &TemplateRow) -> Result<(), DbError> {
+        self.lock().execute(
+            "INSERT INTO templates (name, from_sandbox, snapshot_id, created_at, size_bytes)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                t.name,
+                t.from_sandbox,
+                t.snapshot_id,
+                t.created_at_ms,
+                i64::try_from(t.size_bytes).unwrap_or(i64::MAX)
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn list_templates(&self) -> Result<Vec<TemplateRow>, DbError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT name, from_sandbox, snapshot_id, created_at, size_bytes FROM templates ORDER BY name",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(TemplateRow {
+                    name: r.get(0)?,
+                    from_sandbox: r.get(1)?,
+                    snapshot_id: r.get(2)?,
+                    created_at_ms: r.get(3)?,
+                    size_bytes: u64::try_from(r.get::<_, i64>(4)?).unwrap_or(0),
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn get_template(&self, name: &str) -> Result<Option<TemplateRow>, DbError> {
+        Ok(self.list_templates()?.into_iter().find(|t| t.name == name))
+    }
+
+    /// Deletes template `name` unless a sandbox row uses it; returns the users (nothing deleted then).
+    pub fn delete_template_unless_used(&self, name: &str) -> Result<Vec<String>, DbError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let users = {
+            let mut stmt = tx.prepare_cached("SELECT id FROM sandboxes WHERE template = ?1 ORDER BY id")?;
+            stmt.query_map(params![name], |r| r.get(0))?
+                .collect::<Result<Vec<String>, _>>()?
+        };
+        if users.is_empty() {
+            tx.execute("DELETE FROM templates WHERE name = ?1", params![name])?;
+        }
+        tx.commit()?;
+        Ok(users)
+    }
+}

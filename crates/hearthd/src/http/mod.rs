@@ -14,6 +14,7 @@ pub mod files;
 pub mod sandboxes;
 pub mod sse;
 pub mod system;
+pub mod templates;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -78,6 +79,14 @@ pub fn app(state: AppState) -> Router {
         .route("/sandboxes/{id}/fork", post(sandboxes::fork.layer(long)))
         .route("/sandboxes/{id}/snapshots", post(sandboxes::snapshot.layer(long)))
         .route("/snapshots", get(sandboxes::list_snapshots.layer(quick())))
+        .route(
+            "/templates",
+            post(templates::create.layer(long)).get(templates::list.layer(quick())),
+        )
+        .route(
+            "/templates/{name}",
+            get(templates::get.layer(quick())).delete(templates::delete.layer(quick())),
+        )
         .route(
             "/snapshots/{id}",
             axum::routing::delete(sandboxes::delete_snapshot.layer(quick())),

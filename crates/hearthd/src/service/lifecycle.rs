@@ -170,6 +170,17 @@ fn printable(line: &str) -> String {
 
 impl Sandboxes {
     fn plan(&self, mut req: CreateSandboxRequest) -> Result<CreatePlan, ServiceError> {
+        // A template saved with memory starts by restoring its snapshot.
+        let mut label = None;
+        if req.snapshot.is_none()
+            && let Some(t) = &req.template
+            && hearth_api::is_valid_template_name(t)
+            && let Some(row) = self.db.get_template(t)?
+            && let Some(snap) = row.snapshot_id
+        {
+            label = req.template.take();
+            req.snapshot = Some(snap);
+        }
         if let Some(snap) = &req.snapshot {
             // The snapshot fixes the template and the shape; its environment is inherited.
             if !hearth_api::is_valid_snapshot_id(snap) {
@@ -228,11 +239,11 @@ impl Sandboxes {
         validate_timeout(timeout_s)?;
         validate_env(&req.env)?;
         validate_metadata(&req.metadata)?;
-        if !self.settings.paths.template_image(&template).is_file() {
+        if self.settings.paths.template_base(&template).is_none() {
             return Err(ServiceError::NotFound(format!("template {template} not found")));
         }
         Ok(CreatePlan {
-            template,
+            template: label.unwrap_or(template),
             vcpus,
             memory_mib,
             timeout_s,
@@ -413,7 +424,11 @@ impl Sandboxes {
         let base = match &restore {
             // A restored VM continues with a copy-on-write disk over the snapshot's disk copy.
             Some((snap, info)) => snap.join(info.disk.as_deref().unwrap_or_default()),
-            None => self.settings.paths.template_image(&row.template),
+            None => self
+                .settings
+                .paths
+                .template_base(&row.template)
+                .ok_or_else(|| format!("template {} is gone", row.template))?,
         };
         let disk = self
             .vmm
@@ -675,7 +690,7 @@ impl Sandboxes {
                 vcpus_allocated: vcpus,
                 memory_mib_allocated: mem,
             },
-            templates: self.settings.paths.templates(),
+            templates: self.list_templates()?.into_iter().map(|t| t.name).collect(),
             default_template: self.settings.default_template.clone(),
         })
     }

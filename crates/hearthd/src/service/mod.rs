@@ -8,6 +8,7 @@
 //! - [`fork`]: snapshot objects (checkpoints), creating from them, forks.
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
+//! - [`templates`]: templates saved from sandboxes (flattened disk, optional memory), listing, deletion.
 //! - [`usage`]: usage reports from the recorded intervals.
 
 pub mod agent;
@@ -17,6 +18,7 @@ pub mod fork;
 pub mod lifecycle;
 pub mod pause;
 pub mod snapshot;
+pub mod templates;
 pub mod usage;
 
 use std::collections::HashMap;

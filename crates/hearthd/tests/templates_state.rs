@@ -1,0 +1,128 @@
+//! In-process template tests with the fake VMM (`fake/`): saving a sandbox as a template with and without
+//! memory, creating from it (boot vs restore), listing next to the built-in images, and the deletion rules.
+
+mod fake;
+
+use std::sync::atomic::Ordering;
+
+use fake::*;
+use hearth_api::{CreateSandboxRequest, CreateTemplateRequest, ErrorCode};
+
+fn from(template: &str) -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        template: Some(template.into()),
+        ..create_req(60)
+    }
+}
+
+#[tokio::test]
+async fn templates_from_sandboxes_with_and_without_memory() {
+    let f = fixture(40);
+    let src = f.svc.create(create_req(60)).await.expect("create");
+    let t = f
+        .svc
+        .create_template(CreateTemplateRequest {
+            name: "saved".into(),
+            from_sandbox: src.id.clone(),
+            include_memory: false,
+        })
+        .await
+        .expect("template");
+    assert!(!t.builtin && t.snapshot_id.is_none() && t.size_bytes > 0, "{t:?}");
+    assert!(
+        f.svc.list_snapshots().expect("snapshots").is_empty(),
+        "the checkpoint was dropped"
+    );
+    let image = f.svc.settings().paths.user_template_image("saved");
+    // qemu-img converted the checkpoint's disk copy (padded to whole sectors).
+    assert!(std::fs::read(&image).expect("image").starts_with(b"disk copy"));
+    let names: Vec<_> = f
+        .svc
+        .list_templates()
+        .expect("list")
+        .into_iter()
+        .map(|t| (t.name, t.builtin))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("minimal".to_string(), true), ("saved".to_string(), false)]
+    );
+    let dup = CreateTemplateRequest {
+        name: "saved".into(),
+        from_sandbox: src.id.clone(),
+        include_memory: false,
+    };
+    assert_eq!(
+        f.svc.create_template(dup).await.expect_err("taken").code(),
+        ErrorCode::Conflict
+    );
+
+    let restores = f.vmm.restores.load(Ordering::SeqCst);
+    let a = f.svc.create(from("saved")).await.expect("create from template");
+    assert_eq!(a.template, "saved");
+    assert_eq!(
+        f.vmm.restores.load(Ordering::SeqCst),
+        restores,
+        "a disk-only template boots"
+    );
+    assert_eq!(
+        f.svc.delete_template("saved").expect_err("in use").code(),
+        ErrorCode::Conflict
+    );
+    f.svc.destroy(&a.id, "test").await.expect("destroy");
+    f.svc.delete_template("saved").expect("delete");
+    assert!(!image.exists());
+
+    // With memory: creates restore the checkpoint.
+    let t = f
+        .svc
+        .create_template(CreateTemplateRequest {
+            name: "warm".into(),
+            from_sandbox: src.id.clone(),
+            include_memory: true,
+        })
+        .await
+        .expect("template with memory");
+    let snap = t.snapshot_id.clone().expect("snapshot kept");
+    let b = f
+        .svc
+        .create(from("warm"))
+        .await
+        .expect("create from warm template");
+    assert_eq!(b.template, "warm");
+    assert_eq!(b.snapshot_id.as_deref(), Some(snap.as_str()));
+    assert_eq!(
+        f.vmm.restores.load(Ordering::SeqCst),
+        restores + 1,
+        "restored, not booted"
+    );
+    assert_eq!(
+        f.svc.delete_snapshot(&snap).expect_err("template's").code(),
+        ErrorCode::Conflict
+    );
+    assert_eq!(
+        f.svc.delete_template("warm").expect_err("in use").code(),
+        ErrorCode::Conflict
+    );
+    f.svc.destroy(&b.id, "test").await.expect("destroy");
+    f.svc.delete_template("warm").expect("delete");
+    assert!(f.svc.list_snapshots().expect("snapshots").is_empty());
+
+    assert_eq!(
+        f.svc.delete_template("minimal").expect_err("builtin").code(),
+        ErrorCode::Conflict
+    );
+    assert_eq!(
+        f.svc.delete_template("nope").expect_err("unknown").code(),
+        ErrorCode::NotFound
+    );
+    let bad = CreateTemplateRequest {
+        name: "../x".into(),
+        from_sandbox: src.id.clone(),
+        include_memory: false,
+    };
+    assert_eq!(
+        f.svc.create_template(bad).await.expect_err("bad name").code(),
+        ErrorCode::InvalidArgument
+    );
+}
