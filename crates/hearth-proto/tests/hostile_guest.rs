@@ -433,3 +433,64 @@ async fn guest_errors_are_typed() {
     assert_eq!(err.guest_kind(), Some(ErrorKind::InvalidPath));
     assert!(!c.is_closed());
 }
+
+#[tokio::test]
+async fn snapshot_requests_reject_wrong_answers() {
+    use hearth_proto::{PostRestore, PostRestoreReport};
+    let (c, mut g) = connected().await;
+    let req = PostRestore {
+        unix_time_ns: 1,
+        entropy: vec![1; 64],
+        hostname: Some("h".into()),
+        machine_id: None,
+    };
+    // What goes on the wire is the typed request, unchanged.
+    let call = tokio::spawn({
+        let c = c.clone();
+        let req = req.clone();
+        async move { c.post_restore(req).await }
+    });
+    let (stream, msg, _) = g.next_request().await;
+    assert_eq!(msg, HostMsg::PostRestore(req.clone()));
+    let report = PostRestoreReport {
+        clock_set: true,
+        entropy_bits_credited: 512,
+        crng_reseeded: true,
+        hostname_set: true,
+        machine_id_written: false,
+    };
+    g.send(stream, GuestMsg::PostRestored(report), b"").await;
+    assert_eq!(call.await.expect("join").expect("report"), report);
+
+    // A sync answered with a post-restore report, and a post-restore answered with a plain Ok: refused.
+    let call = tokio::spawn({
+        let c = c.clone();
+        async move { c.sync().await }
+    });
+    let (stream, msg, _) = g.next_request().await;
+    assert_eq!(msg, HostMsg::Sync);
+    g.send(stream, GuestMsg::PostRestored(report), b"").await;
+    assert!(matches!(call.await.expect("join"), Err(ClientError::Protocol(_))));
+    let call = tokio::spawn({
+        let c = c.clone();
+        async move { c.post_restore(req).await }
+    });
+    let (stream, _, _) = g.next_request().await;
+    g.send(stream, GuestMsg::Ok, b"").await;
+    assert!(matches!(call.await.expect("join"), Err(ClientError::Protocol(_))));
+    // An older agent's answer to a request it does not know is a typed guest error, not a hang.
+    let call = tokio::spawn({
+        let c = c.clone();
+        async move { c.sync().await }
+    });
+    let (stream, _, _) = g.next_request().await;
+    g.send(
+        stream,
+        GuestMsg::error(ErrorKind::InvalidRequest, "unknown or malformed request"),
+        b"",
+    )
+    .await;
+    let err = call.await.expect("join").expect_err("refused");
+    assert_eq!(err.guest_kind(), Some(ErrorKind::InvalidRequest));
+    assert!(!c.is_closed());
+}
