@@ -478,7 +478,7 @@ async fn snapshot_requests_reject_wrong_answers() {
     let (stream, _, _) = g.next_request().await;
     g.send(stream, GuestMsg::Ok, b"").await;
     assert!(matches!(call.await.expect("join"), Err(ClientError::Protocol(_))));
-    // An older agent's answer to a request it does not know is a typed guest error, not a hang.
+    // The answer of an agent that does not know a request (a newer one) is a typed guest error, not a hang.
     let call = tokio::spawn({
         let c = c.clone();
         async move { c.sync().await }
