@@ -205,9 +205,12 @@ impl FirecrackerVmm {
                 let target = std::path::absolute(&spec.disk)
                     .map_err(|e| start_failed(format!("disk path {}: {e}", spec.disk.display())))?;
                 let link = run.join(DISK_LINK);
-                let _ = std::fs::remove_file(&link);
-                std::os::unix::fs::symlink(&target, &link)
-                    .map_err(|e| start_failed(format!("linking {}: {e}", link.display())))?;
+                // The disk itself may be called `rootfs.disk` in the run directory: then it is its own link.
+                if target != link {
+                    remove_disk_link(run);
+                    std::os::unix::fs::symlink(&target, &link)
+                        .map_err(|e| start_failed(format!("linking {}: {e}", link.display())))?;
+                }
                 (
                     &self.binary,
                     vec![
@@ -386,9 +389,10 @@ impl FirecrackerVmm {
 
     /// Removes what `start` created in the run directory (never the disk or the directory itself).
     fn remove_run_files(run: &Path) {
-        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE, DISK_LINK] {
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE] {
             let _ = std::fs::remove_file(run.join(name));
         }
+        remove_disk_link(run);
         let _ = std::fs::remove_dir_all(run.join(JAIL_DIR));
     }
 
@@ -464,6 +468,14 @@ struct GuestPaths {
     initramfs: PathBuf,
     disk: PathBuf,
     vsock: PathBuf,
+}
+
+/// Removes `<run>/rootfs.disk` only when it is a symlink (never a disk that happens to have that name).
+fn remove_disk_link(run: &Path) {
+    let link = run.join(DISK_LINK);
+    if std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()) {
+        let _ = std::fs::remove_file(&link);
+    }
 }
 
 /// The instance id of a jailed VM, read back from `<run>/jail/<exec name>/<id>`.
@@ -564,9 +576,10 @@ impl Vmm for FirecrackerVmm {
         self.remove_cgroups(&vm.run_dir).await;
         // Sockets of a dead process are useless, and so is the jail (device nodes, links); the log stays
         // for post-mortems until the daemon removes the run directory.
-        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, DISK_LINK] {
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE] {
             let _ = std::fs::remove_file(vm.run_dir.join(name));
         }
+        remove_disk_link(&vm.run_dir);
         let _ = std::fs::remove_dir_all(vm.run_dir.join(JAIL_DIR));
         Ok(())
     }

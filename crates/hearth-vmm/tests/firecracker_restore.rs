@@ -248,3 +248,28 @@ async fn damaged_or_mismatched_snapshots_are_refused_and_leave_nothing() {
     assert!(processes_mentioning(&sbx.dir).is_empty());
     assert_eq!(sbx.entries(), entries_before);
 }
+
+#[tokio::test]
+async fn a_disk_named_like_the_link_is_never_removed() {
+    let images = images();
+    let vmm = vmm();
+    let sbx = Sandbox::new();
+    let made = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = sbx.dir.join("rootfs.disk");
+    std::fs::rename(&made, &disk).expect("rename");
+    let spec = sbx.spec(&images, disk.clone());
+    let vm = vmm.start(&spec).await.expect("start");
+    let _guard = KillOnDrop(vm.clone());
+    assert!(open_files(vm.pid).contains(&disk));
+    let dir = snap_dir(&sbx, "snap");
+    let info = vmm
+        .snapshot(&vm, &disk, &dir, SnapshotMode::Pause)
+        .await
+        .expect("pause");
+    assert!(disk.is_file(), "stop removed the disk");
+    let resumed = vmm.restore(&spec, &dir, &info).await.expect("resume");
+    let _guard2 = KillOnDrop(resumed.clone());
+    vmm.stop(&resumed).await.expect("stop");
+    let meta = std::fs::symlink_metadata(&disk).expect("disk still there");
+    assert!(meta.is_file() && meta.len() > 0);
+}
