@@ -64,6 +64,9 @@ pub enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Templates: save a sandbox as one, list, delete.
+    #[command(subcommand)]
+    Template(TemplateCommand),
     /// Show usage: one sandbox's since its creation, or every sandbox's within a window.
     Usage {
         /// One sandbox; all when omitted.
@@ -116,6 +119,27 @@ pub enum Command {
     /// Serve hearth's tools to an AI agent over MCP on stdin/stdout (uses --url and the API key like every
     /// command; see docs/mcp.md).
     Mcp,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TemplateCommand {
+    /// Save a sandbox's root filesystem as a template (with `--memory` also its running processes).
+    Create {
+        name: String,
+        /// The sandbox to save.
+        #[arg(long = "from")]
+        from: String,
+        /// Keep its memory too: sandboxes of the template start by restore with its processes running.
+        #[arg(long)]
+        memory: bool,
+    },
+    /// List built-in and saved templates.
+    Ls,
+    /// Delete saved templates.
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -5,8 +5,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use hearth_api::{
-    CreateSandboxRequest, ForkRequest, ForkResponse, Sandbox, SandboxList, SandboxState, SandboxUsage,
-    SetTimeoutRequest, SnapshotList, SnapshotObject, SystemInfo, UsageReport,
+    CreateSandboxRequest, CreateTemplateRequest, ForkRequest, ForkResponse, Sandbox, SandboxList,
+    SandboxState, SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject, SystemInfo, Template,
+    TemplateList, UsageReport,
 };
 use reqwest::{Method, RequestBuilder, Response, Url};
 use serde::Serialize;
@@ -281,6 +282,24 @@ impl Client {
     /// `DELETE /v1/snapshots/{id}` (refused with `conflict` while sandboxes created from it exist).
     pub async fn delete_snapshot(&self, id: &str) -> Result<(), Error> {
         self.call_no_content::<()>(Method::DELETE, self.url(&["v1", "snapshots", id]), None)
+            .await
+    }
+
+    /// `POST /v1/templates`: saves a sandbox (and with `include_memory` its running state) as a template.
+    pub async fn create_template(&self, req: &CreateTemplateRequest) -> Result<Template, Error> {
+        self.call(Method::POST, self.url(&["v1", "templates"]), Some(req))
+            .await
+    }
+
+    /// `GET /v1/templates`: built-in and saved templates.
+    pub async fn list_templates(&self) -> Result<TemplateList, Error> {
+        self.call::<(), _>(Method::GET, self.url(&["v1", "templates"]), None)
+            .await
+    }
+
+    /// `DELETE /v1/templates/{name}` (refused while sandboxes use it, and for built-in templates).
+    pub async fn delete_template(&self, name: &str) -> Result<(), Error> {
+        self.call_no_content::<()>(Method::DELETE, self.url(&["v1", "templates", name]), None)
             .await
     }
 

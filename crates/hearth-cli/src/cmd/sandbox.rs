@@ -216,3 +216,60 @@ pub async fn snapshot_rm(ctx: &Ctx, ids: &[String]) -> anyhow::Result<u8> {
     }
     Ok(u8::from(failed))
 }
+
+pub async fn template(ctx: &Ctx, cmd: crate::args::TemplateCommand) -> anyhow::Result<u8> {
+    use crate::args::TemplateCommand;
+    let client = ctx.client()?;
+    match cmd {
+        TemplateCommand::Create { name, from, memory } => {
+            let req = hearth_api::CreateTemplateRequest {
+                name,
+                from_sandbox: from,
+                include_memory: memory,
+            };
+            let spinner = Spinner::start(format!("saving template {}", output::clean(&req.name)));
+            let t = client.create_template(&req).await;
+            drop(spinner);
+            let t = t?;
+            ctx.emit(&t, || format!("{}\n", t.name))?;
+            Ok(0)
+        }
+        TemplateCommand::Ls => {
+            let list = client.list_templates().await?;
+            ctx.emit(&list, || {
+                let rows: Vec<Vec<String>> = list
+                    .templates
+                    .iter()
+                    .map(|t| {
+                        vec![
+                            t.name.clone(),
+                            if t.builtin { "built-in" } else { "saved" }.to_owned(),
+                            if t.snapshot_id.is_some() { "yes" } else { "no" }.to_owned(),
+                            t.size_bytes.to_string(),
+                            t.from_sandbox.clone().unwrap_or_default(),
+                        ]
+                    })
+                    .collect();
+                output::table(
+                    &["NAME", "KIND", "MEMORY", "BYTES", "FROM"],
+                    &rows,
+                    output::Style::PLAIN,
+                )
+            })?;
+            Ok(0)
+        }
+        TemplateCommand::Rm { names } => {
+            let mut failed = false;
+            for name in &names {
+                match client.delete_template(name).await {
+                    Ok(()) => println!("{}", output::clean(name)),
+                    Err(e) => {
+                        eprintln!("hearth: {}: {e}", output::clean(name));
+                        failed = true;
+                    }
+                }
+            }
+            Ok(u8::from(failed))
+        }
+    }
+}
