@@ -4,14 +4,16 @@
 //! # Layout
 //! - [`config`]: flags (clap, env fallbacks) and the paths derived from them.
 //! - [`daemon`]: start-up (directories, key, VMM choice, recovery, tasks, listener) and shutdown.
-//! - [`db`]: the state database (sandbox rows with their intent state, the API key hash), migrations.
+//! - [`db`]: the state database (sandbox rows with their intent state, the API key hash), migrations; usage
+//!   intervals ([`db::usage`]), snapshot and template rows ([`db::snapshots`]).
 //! - [`auth`]: API key creation, the key file, constant-time checks.
-//! - [`service`]: the [`service::Sandboxes`] service: lifecycle, agent connections, commands, files. Typed
-//!   errors, no HTTP.
+//! - [`service`]: the [`service::Sandboxes`] service: lifecycle, agent connections, commands, files, pause and
+//!   resume, durable snapshots, forks, templates, usage. Typed errors, no HTTP.
 //! - [`http`]: router ([`http::app`]), server ([`http::run`]), error mapping and extractors, one module per area,
 //!   SSE.
 //! - [`reaper`]: TTL reaper and health watcher tasks.
-//! - [`adopt`]: start-up recovery (adopt running VMs, roll back half-done operations, remove orphans).
+//! - [`adopt`]: start-up recovery (adopt running VMs, finish or roll back half-done operations including
+//!   pauses and resumes, remove orphans, reconcile usage intervals).
 //! - [`metrics`]: Prometheus counters/histograms and their rendering.
 //! - [`openapi`]: the generated OpenAPI document (committed as `docs/openapi.json`).
 //!
