@@ -230,10 +230,24 @@ async fn jailed_checkpoint_forks_into_another_jail_through_the_trait() {
         .await
         .expect("jailed checkpoint");
     assert!(vmm.is_alive(&vm), "the original runs on");
+    // The files are root's, private, and none is an inode the still-running jailed process has open.
+    let held: Vec<(u64, u64)> = std::fs::read_dir(format!("/proc/{}/fd", vm.pid))
+        .expect("fds")
+        .filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect();
     for f in &info.files {
         let meta = std::fs::symlink_metadata(dir.join(f)).expect("snapshot file");
         assert!(meta.is_file(), "{f}");
-        assert_eq!(meta.uid(), 0, "{f} handed to root");
+        assert_eq!(
+            (meta.uid(), meta.mode() & 0o777, meta.nlink()),
+            (0, 0o600, 1),
+            "{f}"
+        );
+        assert!(
+            !held.contains(&(meta.dev(), meta.ino())),
+            "{f} is open in the VMM"
+        );
     }
     // The fork: another sandbox, its own jail and disk; the state names jail paths, so it loads there.
     let fsbx = Sandbox::new();

@@ -1,7 +1,8 @@
 //! The [`crate::Vmm`] snapshot seam for Firecracker: a snapshot directory and its [`SnapshotInfo`].
 //!
 //! `snapshot`: `PATCH /vm Paused` → `PUT /snapshot/create` (Full) → for a checkpoint, a copy of the disk
-//! while the vCPUs are stopped, then `Resumed`; for a pause, the process is stopped. Every file written is
+//! while the vCPUs are stopped, then `Resumed`; for a pause, the process is stopped. A jailed checkpoint
+//! replaces the state and memory files by copies, since the jailed process that wrote them runs on. Every file written is
 //! fsynced, and the directory too. On failure the VM keeps running (resumed) and the files are removed.
 //!
 //! `restore`: checks the directory against its [`SnapshotInfo`] (same VMM, same machine shape, the memory
@@ -118,6 +119,13 @@ impl FirecrackerVmm {
     ) -> Result<(), VmmError> {
         self.create_snapshot(vm, files).await?;
         if mode == SnapshotMode::Checkpoint {
+            if self.jailer.is_some() {
+                // The jailed process wrote these inodes and runs on: a descriptor it kept could change them
+                // later. Replace each with a copy only root ever had open.
+                for f in [&files.state, &files.memory] {
+                    replace_with_copy(f).await?;
+                }
+            }
             copy_disk(disk, &dest.join(DISK_FILE)).await?;
         }
         let (state, memory, dir) = (files.state.clone(), files.memory.clone(), dest.to_path_buf());
@@ -174,6 +182,19 @@ impl FirecrackerVmm {
         }
         self.load_snapshot_files(spec, &files, true).await
     }
+}
+
+/// Replaces `path` by a fresh copy of itself (a new inode, root's, mode 0600).
+async fn replace_with_copy(path: &Path) -> Result<(), VmmError> {
+    let tmp = path.with_extension("copy");
+    copy_disk(path, &tmp).await?;
+    let done = std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(path)(e));
+    }
+    Ok(())
 }
 
 /// Copies the disk (reflink when the file system can, sparse otherwise) and fsyncs the copy.
