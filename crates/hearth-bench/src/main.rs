@@ -39,6 +39,9 @@ struct Args {
     /// Sandboxes created at once in the concurrency scenario.
     #[arg(long, default_value_t = 4)]
     concurrent: usize,
+    /// Pause/resume cycles to measure.
+    #[arg(long, default_value_t = 3)]
+    pause_cycles: usize,
     /// Memory per sandbox (MiB).
     #[arg(long, default_value_t = 256)]
     memory_mib: u32,
@@ -159,6 +162,40 @@ async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pss = daemon::vmm_pss_kib(&kept.id);
 
+    // Pause to zero and resume, on the same idle sandbox.
+    let mut pause = Samples::default();
+    let mut resume = Samples::default();
+    let mut paused_pss = None;
+    for i in 0..args.pause_cycles {
+        let t = Instant::now();
+        client.pause_sandbox(&kept.id).await.context("pause")?;
+        pause.push(t.elapsed());
+        if i == 0 {
+            paused_pss = Some(daemon::vmm_pss_kib(&kept.id).unwrap_or(0));
+        }
+        let t = Instant::now();
+        client.resume_sandbox(&kept.id).await.context("resume")?;
+        let res = client.run_command(&kept.id, &true_cmd()).await?;
+        anyhow::ensure!(res.exit_code == 0, "true after resume exited {}", res.exit_code);
+        resume.push(t.elapsed());
+    }
+
+    // Fork into four children next to the running parent; snapshot size on disk.
+    let t = Instant::now();
+    let fork = client.fork_sandbox(&kept.id, 4).await.context("fork")?;
+    let fork_wall = t.elapsed();
+    for child in &fork.sandboxes {
+        client.delete_sandbox(&child.id).await?;
+    }
+    let snap_bytes = client
+        .list_snapshots()
+        .await?
+        .snapshots
+        .into_iter()
+        .find(|s| s.id == fork.snapshot_id)
+        .map(|s| s.size_bytes);
+    let _ = client.delete_snapshot(&fork.snapshot_id).await;
+
     // Concurrent creates, measured in the same run as the sequential ones.
     let t = Instant::now();
     let futs = (0..args.concurrent).map(|_| cold_create(client, args));
@@ -201,6 +238,43 @@ async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
         match pss {
             Some(kib) => format!("{:.1} MiB (guest {} MiB)", kib as f64 / 1024.0, args.memory_mib),
             None => "n/a (VMM process not found)".to_owned(),
+        },
+    ));
+    rows.push(Row::samples(
+        "pause (memory + devices to disk, VMM exits)",
+        &pause,
+    ));
+    rows.push(Row::samples("resume -> first command result", &resume));
+    rows.push(Row::ratio(
+        "resume -> first command / cold create -> first command (p50)",
+        resume.p50().as_secs_f64() / first_cmd.p50().as_secs_f64().max(1e-9),
+    ));
+    rows.push(Row::value(
+        "host memory of a paused sandbox (VMM PSS)",
+        match paused_pss {
+            Some(0) => "0 (no VMM process)".to_owned(),
+            Some(kib) => format!("{:.1} MiB", kib as f64 / 1024.0),
+            None => "n/a (--pause-cycles 0)".to_owned(),
+        },
+    ));
+    rows.push(Row::value(
+        "fork into 4 (total / per child)",
+        format!(
+            "{:.2} s / {:.2} s",
+            fork_wall.as_secs_f64(),
+            fork_wall.as_secs_f64() / 4.0
+        ),
+    ));
+    rows.push(Row::value(
+        "fork snapshot on disk / guest memory",
+        match snap_bytes {
+            Some(b) => format!(
+                "{:.0} MiB / {} MiB = {:.2}",
+                b as f64 / 1048576.0,
+                args.memory_mib,
+                b as f64 / 1048576.0 / f64::from(args.memory_mib)
+            ),
+            None => "n/a".to_owned(),
         },
     ));
     Ok(rows)
