@@ -244,12 +244,36 @@ pub struct SnapshotList {
 pub struct CreateTemplateRequest {
     /// New template name (`[a-z0-9-]`, 1-63 characters).
     pub name: String,
-    /// Save this sandbox's root filesystem (flattened into a standalone image).
-    pub from_sandbox: String,
+    /// Save this sandbox's root filesystem (flattened into a standalone image). Exactly one of
+    /// `from_sandbox` and `recipe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_sandbox: Option<String>,
     /// Also save its running memory: sandboxes created from the template then start by restore, not boot,
     /// with the sandbox's processes running.
     #[serde(default)]
     pub include_memory: bool,
+    /// Build the template in a build sandbox instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<Recipe>,
+}
+
+/// How to build a template: start from `base`, run `steps` in order (each with `/bin/sh -c`; the first that
+/// fails fails the build with its output), then optionally start `start_cmd` in the background and wait for
+/// `ready_cmd` to succeed; the template then keeps the running memory (when `start_cmd` is given) or only the
+/// disk.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// Template to start from.
+    pub base: String,
+    pub steps: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
 }
 
 /// A template: a root filesystem new sandboxes start from.

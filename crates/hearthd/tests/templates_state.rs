@@ -23,8 +23,9 @@ async fn templates_from_sandboxes_with_and_without_memory() {
         .svc
         .create_template(CreateTemplateRequest {
             name: "saved".into(),
-            from_sandbox: src.id.clone(),
+            from_sandbox: Some(src.id.clone()),
             include_memory: false,
+            ..Default::default()
         })
         .await
         .expect("template");
@@ -49,8 +50,9 @@ async fn templates_from_sandboxes_with_and_without_memory() {
     );
     let dup = CreateTemplateRequest {
         name: "saved".into(),
-        from_sandbox: src.id.clone(),
+        from_sandbox: Some(src.id.clone()),
         include_memory: false,
+        ..Default::default()
     };
     assert_eq!(
         f.svc.create_template(dup).await.expect_err("taken").code(),
@@ -78,8 +80,9 @@ async fn templates_from_sandboxes_with_and_without_memory() {
         .svc
         .create_template(CreateTemplateRequest {
             name: "warm".into(),
-            from_sandbox: src.id.clone(),
+            from_sandbox: Some(src.id.clone()),
             include_memory: true,
+            ..Default::default()
         })
         .await
         .expect("template with memory");
@@ -118,11 +121,62 @@ async fn templates_from_sandboxes_with_and_without_memory() {
     );
     let bad = CreateTemplateRequest {
         name: "../x".into(),
-        from_sandbox: src.id.clone(),
+        from_sandbox: Some(src.id.clone()),
         include_memory: false,
+        ..Default::default()
     };
     assert_eq!(
         f.svc.create_template(bad).await.expect_err("bad name").code(),
+        ErrorCode::InvalidArgument
+    );
+}
+
+#[tokio::test]
+async fn recipe_builds_succeed_or_report_the_failing_step() {
+    let f = fixture(40);
+    let recipe = |steps: &[&str]| hearth_api::Recipe {
+        base: "minimal".into(),
+        steps: steps.iter().map(|s| s.to_string()).collect(),
+        start_cmd: Some("serve".into()),
+        ready_cmd: Some("check".into()),
+        ..Default::default()
+    };
+    let t = f
+        .svc
+        .create_template(CreateTemplateRequest {
+            name: "built".into(),
+            recipe: Some(recipe(&["echo one", "echo two"])),
+            ..Default::default()
+        })
+        .await
+        .expect("build");
+    assert!(t.snapshot_id.is_some(), "a start_cmd keeps the memory");
+    let e = f
+        .svc
+        .create_template(CreateTemplateRequest {
+            name: "broken".into(),
+            recipe: Some(recipe(&["echo one", "false # fails", "echo never"])),
+            ..Default::default()
+        })
+        .await
+        .expect_err("failing step");
+    assert_eq!(e.code(), ErrorCode::GuestError);
+    assert!(
+        e.to_string()
+            .contains("step 2 (false # fails) failed with exit code 1"),
+        "{e}"
+    );
+    assert!(f.svc.get_template("broken").is_err());
+    // Build sandboxes are gone either way.
+    assert!(f.svc.list(&[]).expect("list").is_empty());
+    let both = CreateTemplateRequest {
+        name: "x".into(),
+        from_sandbox: Some("sbx_0000000000000000".into()),
+        recipe: Some(recipe(&[])),
+        ..Default::default()
+    };
+    assert_eq!(
+        f.svc.create_template(both).await.expect_err("both").code(),
         ErrorCode::InvalidArgument
     );
 }

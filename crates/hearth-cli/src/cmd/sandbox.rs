@@ -224,8 +224,9 @@ pub async fn template(ctx: &Ctx, cmd: crate::args::TemplateCommand) -> anyhow::R
         TemplateCommand::Create { name, from, memory } => {
             let req = hearth_api::CreateTemplateRequest {
                 name,
-                from_sandbox: from,
+                from_sandbox: Some(from),
                 include_memory: memory,
+                recipe: None,
             };
             let spinner = Spinner::start(format!("saving template {}", output::clean(&req.name)));
             let t = client.create_template(&req).await;

@@ -6,15 +6,31 @@
 //! checkpoint is dropped again; with memory it is kept, and sandboxes created from the template restore it
 //! (processes running) instead of booting. Built-in templates (`<images>/rootfs/*.ext4`) are listed too but
 //! cannot be deleted here; a saved template is refused deletion while sandboxes use it.
+//!
+//! A recipe (`{name, recipe: {base, steps, env, start_cmd, ready_cmd}}`) runs in a build sandbox of `base`:
+//! the steps in order (the first failing one fails the build with its output), then `start_cmd` in the
+//! background until `ready_cmd` succeeds, then the sandbox is saved as above (with memory when there is a
+//! `start_cmd`) and destroyed.
 
 use std::os::unix::fs::DirBuilderExt;
 
-use hearth_api::{CreateTemplateRequest, Template};
+use std::time::Duration;
+
+use hearth_api::{CreateSandboxRequest, CreateTemplateRequest, Recipe, RunCommandRequest, Template};
 use rand::RngCore;
 
 use super::lifecycle::rfc3339;
 use super::{Sandboxes, ServiceError, clip, now_ms, snapshot};
 use crate::db::snapshots::TemplateRow;
+
+/// Most steps in one recipe.
+const MAX_STEPS: usize = 256;
+/// Longest one build step may run.
+const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long `ready_cmd` may take to succeed.
+const READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// TTL of a build sandbox (it is destroyed when the build ends).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(86400);
 
 fn file_size(p: &std::path::Path) -> u64 {
     std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
@@ -64,8 +80,18 @@ impl Sandboxes {
             .ok_or_else(|| ServiceError::NotFound(format!("template {} not found", clip(name, 64))))
     }
 
-    /// Saves a sandbox's root filesystem (and with `include_memory` its running state) as a template.
+    /// Saves a sandbox's root filesystem (and with `include_memory` its running state) as a template, or builds
+    /// one from a recipe.
     pub async fn create_template(&self, req: CreateTemplateRequest) -> Result<Template, ServiceError> {
+        let (from, recipe) = match (req.from_sandbox, req.recipe) {
+            (Some(from), None) => (from, None),
+            (None, Some(recipe)) => (String::new(), Some(recipe)),
+            _ => {
+                return Err(ServiceError::InvalidArgument(
+                    "give exactly one of from_sandbox and recipe".into(),
+                ));
+            }
+        };
         let name = req.name;
         if !hearth_api::is_valid_template_name(&name) {
             return Err(ServiceError::InvalidArgument(format!(
@@ -76,17 +102,29 @@ impl Sandboxes {
         if self.settings.paths.template_base(&name).is_some() || self.db.get_template(&name)?.is_some() {
             return Err(ServiceError::Conflict(format!("template {name} already exists")));
         }
-        self.row(&req.from_sandbox)?;
-        let snap = self.checkpoint(&req.from_sandbox).await?;
+        if let Some(recipe) = recipe {
+            return self.build_template(name, recipe).await;
+        }
+        self.save_template(name, from, req.include_memory).await
+    }
+
+    async fn save_template(
+        &self,
+        name: String,
+        from: String,
+        include_memory: bool,
+    ) -> Result<Template, ServiceError> {
+        self.row(&from)?;
+        let snap = self.checkpoint(&from).await?;
         let result = self.flatten(&name, &snap.id).await;
-        let keep_snapshot = req.include_memory && result.is_ok();
+        let keep_snapshot = include_memory && result.is_ok();
         if !keep_snapshot && let Err(e) = self.delete_snapshot(&snap.id) {
             tracing::warn!(snapshot = %snap.id, error = %e, "dropping the template's checkpoint");
         }
         let size_bytes = result?;
         let row = TemplateRow {
             name: name.clone(),
-            from_sandbox: req.from_sandbox.clone(),
+            from_sandbox: from.clone(),
             snapshot_id: keep_snapshot.then(|| snap.id.clone()),
             created_at_ms: now_ms(),
             size_bytes,
@@ -98,8 +136,91 @@ impl Sandboxes {
             }
             return Err(e.into());
         }
-        tracing::info!(template = %name, from = %req.from_sandbox, memory = keep_snapshot, "template saved");
+        tracing::info!(template = %name, from = %from, memory = keep_snapshot, "template saved");
         Ok(self.template_api(&row))
+    }
+
+    /// Builds a template from a recipe in a build sandbox, which is destroyed afterwards whatever happens.
+    async fn build_template(&self, name: String, recipe: Recipe) -> Result<Template, ServiceError> {
+        if recipe.steps.len() > MAX_STEPS {
+            return Err(ServiceError::InvalidArgument(format!(
+                "more than {MAX_STEPS} steps"
+            )));
+        }
+        if recipe.ready_cmd.is_some() && recipe.start_cmd.is_none() {
+            return Err(ServiceError::InvalidArgument(
+                "ready_cmd needs a start_cmd".into(),
+            ));
+        }
+        let this = self.arc()?;
+        let req = CreateSandboxRequest {
+            template: Some(recipe.base.clone()),
+            env: recipe.env.clone(),
+            timeout_s: Some(BUILD_TIMEOUT.as_secs()),
+            metadata: [("hearth.template-build".to_string(), name.clone())].into(),
+            ..Default::default()
+        };
+        let build = this.create(req).await?;
+        let result = self.build_in(&build.id, &name, &recipe).await;
+        if let Err(e) = this.destroy(&build.id, "template-build").await {
+            tracing::warn!(sandbox = %build.id, error = %e, "removing the build sandbox");
+        }
+        result
+    }
+
+    async fn build_in(&self, id: &str, name: &str, recipe: &Recipe) -> Result<Template, ServiceError> {
+        for (i, step) in recipe.steps.iter().enumerate() {
+            let req = RunCommandRequest {
+                cmd: Some(step.clone()),
+                timeout_s: Some(STEP_TIMEOUT.as_secs()),
+                ..Default::default()
+            };
+            let r = self.run_command(id, &req).await?;
+            tracing::info!(template = %name, step = i + 1, exit = r.exit_code, "template build step");
+            if r.exit_code != 0 {
+                return Err(ServiceError::Guest(format!(
+                    "step {} ({}) failed with exit code {}: {}{}",
+                    i + 1,
+                    clip(step, 200),
+                    r.exit_code,
+                    clip(&r.stdout, 4096),
+                    clip(&r.stderr, 4096)
+                )));
+            }
+        }
+        if let Some(start) = &recipe.start_cmd {
+            let req = RunCommandRequest {
+                cmd: Some(start.clone()),
+                background: true,
+                ..Default::default()
+            };
+            self.start_background(id, &req).await?;
+            if let Some(ready) = &recipe.ready_cmd {
+                let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+                loop {
+                    let req = RunCommandRequest {
+                        cmd: Some(ready.clone()),
+                        timeout_s: Some(30),
+                        ..Default::default()
+                    };
+                    let r = self.run_command(id, &req).await?;
+                    if r.exit_code == 0 {
+                        break;
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(ServiceError::Guest(format!(
+                            "ready_cmd did not succeed within {} s: {}{}",
+                            READY_TIMEOUT.as_secs(),
+                            clip(&r.stdout, 2048),
+                            clip(&r.stderr, 2048)
+                        )));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+        self.save_template(name.to_string(), id.to_string(), recipe.start_cmd.is_some())
+            .await
     }
 
     /// Flattens the disk copy of snapshot `snap` into `<data>/templates/<name>/rootfs.ext4`; returns its size.

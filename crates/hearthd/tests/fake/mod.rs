@@ -99,7 +99,7 @@ async fn fake_agent(sock: UnixStream) {
                             &mut w,
                             h.stream,
                             &GuestMsg::Exited(ExitStatus {
-                                code: Some(0),
+                                code: Some(i32::from(req.command.display().to_string().starts_with("false"))),
                                 signal: None,
                                 timed_out: false,
                             }),
