@@ -133,6 +133,12 @@ pub enum TemplateCommand {
         #[arg(long)]
         memory: bool,
     },
+    /// Build a template from a recipe file (JSON: `{"base", "steps": [...], "env"?, "start_cmd"?, "ready_cmd"?}`).
+    Build {
+        name: String,
+        #[arg(long)]
+        recipe: std::path::PathBuf,
+    },
     /// List built-in and saved templates.
     Ls,
     /// Delete saved templates.

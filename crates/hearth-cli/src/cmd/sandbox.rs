@@ -235,6 +235,23 @@ pub async fn template(ctx: &Ctx, cmd: crate::args::TemplateCommand) -> anyhow::R
             ctx.emit(&t, || format!("{}\n", t.name))?;
             Ok(0)
         }
+        TemplateCommand::Build { name, recipe } => {
+            let text = std::fs::read_to_string(&recipe)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", recipe.display()))?;
+            let recipe: hearth_api::Recipe =
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", recipe.display()))?;
+            let req = hearth_api::CreateTemplateRequest {
+                name,
+                recipe: Some(recipe),
+                ..Default::default()
+            };
+            let spinner = Spinner::start(format!("building template {}", output::clean(&req.name)));
+            let t = client.create_template(&req).await;
+            drop(spinner);
+            let t = t?;
+            ctx.emit(&t, || format!("{}\n", t.name))?;
+            Ok(0)
+        }
         TemplateCommand::Ls => {
             let list = client.list_templates().await?;
             ctx.emit(&list, || {
