@@ -87,3 +87,54 @@ async fn templates_from_a_sandbox_with_and_without_memory() {
     }
     d.destroy(&src).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_build_success_and_failing_step() {
+    let _serial = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    let recipe = json!({
+        "base": "minimal",
+        "steps": ["echo built-by-recipe > /root/recipe-file", "mkdir -p /srv && echo $GREETING > /srv/greeting"],
+        "env": {"GREETING": "hello-from-env"},
+    });
+    let (status, t) = d
+        .call(
+            Method::POST,
+            "/v1/templates",
+            Some(json!({"name": "tpl-recipe", "recipe": recipe})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{t}\n{}", d.log());
+    let s = d
+        .create(json!({"template": "tpl-recipe", "memory_mib": 256}))
+        .await
+        .id;
+    assert_eq!(
+        d.sh(&s, "cat /root/recipe-file /srv/greeting").await.stdout,
+        "built-by-recipe\nhello-from-env\n"
+    );
+    d.destroy(&s).await;
+
+    let recipe = json!({
+        "base": "minimal",
+        "steps": ["echo fine", "echo visible-output; echo to-stderr >&2; exit 3", "echo never"],
+    });
+    let (status, v) = d
+        .call(
+            Method::POST,
+            "/v1/templates",
+            Some(json!({"name": "tpl-broken", "recipe": recipe})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("step 2") && msg.contains("exit code 3"), "{msg}");
+    assert!(
+        msg.contains("visible-output") && msg.contains("to-stderr"),
+        "{msg}"
+    );
+    let (status, _) = d.call(Method::GET, "/v1/templates/tpl-broken", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // No build sandbox is left behind.
+    assert!(d.list_ids().await.is_empty());
+}
