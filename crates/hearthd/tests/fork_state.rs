@@ -59,6 +59,11 @@ async fn fork_snapshots_and_their_deletion_rules() {
     assert_eq!(snaps.len(), 1);
     assert_eq!(snaps[0].sandbox_id, parent.id);
     assert!(snaps[0].size_bytes > 0);
+    let u = f.svc.sandbox_usage(&parent.id).expect("usage");
+    assert_eq!(
+        u.snapshot_bytes, snaps[0].size_bytes,
+        "the parent's usage counts its snapshot"
+    );
 
     // In use: refused; once the children are gone: deleted with its files.
     let e = f.svc.delete_snapshot(&forked.snapshot_id).expect_err("in use");

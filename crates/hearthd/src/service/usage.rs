@@ -52,14 +52,24 @@ fn parse_time(what: &str, s: &str) -> Result<i64, ServiceError> {
 }
 
 impl Sandboxes {
-    /// Bytes of snapshot state sandbox `id` holds on disk now (its paused state).
+    /// Bytes of snapshot state sandbox `id` holds on disk now: its paused state and the snapshots taken from it.
     fn snapshot_bytes(&self, id: &str) -> u64 {
-        self.db
+        let paused = self
+            .db
             .get(id)
             .ok()
             .flatten()
             .and_then(|r| r.paused)
-            .map_or(0, |p| p.size_bytes)
+            .map_or(0, |p| p.size_bytes);
+        let objects: u64 = self
+            .db
+            .list_snapshots()
+            .unwrap_or_default()
+            .iter()
+            .filter(|s| s.sandbox_id == id)
+            .map(|s| s.size_bytes)
+            .sum();
+        paused + objects
     }
 
     /// Usage of one sandbox since it was created.
