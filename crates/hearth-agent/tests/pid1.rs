@@ -58,15 +58,16 @@ fn start(sock: &Path) -> Guard {
 
 #[tokio::test]
 async fn agent_as_pid1_sets_up_the_system_and_reaps_orphans() {
-    // Not under /tmp: the agent mounts a fresh tmpfs there inside its namespace.
+    // Not under /tmp (nor under a checkout that lives in /tmp, as CI's may): the agent mounts a fresh tmpfs on
+    // /tmp inside its namespace, which would hide the socket from the host.
     let dir = tempfile::Builder::new()
-        .prefix("pid1")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .prefix("hearth-pid1")
+        .tempdir_in("/var/tmp")
         .expect("tempdir");
     let sock = dir.path().join("agent.sock");
     let _guard = start(&sock);
     let mut client = None;
-    for _ in 0..200 {
+    for _ in 0..600 {
         if let Ok(s) = tokio::net::UnixStream::connect(&sock).await
             && let Ok(c) = AgentClient::connect(s, Duration::from_secs(5)).await
         {
