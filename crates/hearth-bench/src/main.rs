@@ -6,6 +6,7 @@
 //! - `main`: the scenarios, each measured in the same run so that ratios compare like with like on a noisy
 //!   machine.
 
+mod boot;
 mod daemon;
 mod stats;
 
@@ -65,7 +66,22 @@ async fn main() -> Result<()> {
         system.vmm, system.accel, system.vmm_reason
     );
 
-    let result = run(&args, &client).await;
+    let mut result = run(&args, &client).await;
+    if system.vmm == "qemu" {
+        let accel = if system.accel == "kvm" {
+            hearth_vmm::Accel::Kvm
+        } else {
+            hearth_vmm::Accel::Tcg
+        };
+        match boot::breakdown(accel, &args.template, args.memory_mib).await {
+            Ok(mut more) => {
+                if let Ok(rows) = result.as_mut() {
+                    rows.append(&mut more);
+                }
+            }
+            Err(e) => eprintln!("hearth-bench: boot breakdown skipped: {e:#}"),
+        }
+    }
     // Leave nothing behind, whatever happened.
     if let Ok(list) = client.list_sandboxes(&Default::default()).await {
         for s in list.sandboxes {
