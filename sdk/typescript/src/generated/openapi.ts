@@ -64,7 +64,7 @@ export interface paths {
         get: operations["sandboxes_list"];
         put?: never;
         /** Create a sandbox; answers once a command can run in it. */
-        post: operations["create"];
+        post: operations["sandboxes_create"];
         delete?: never;
         options?: never;
         head?: never;
@@ -79,7 +79,7 @@ export interface paths {
             cookie?: never;
         };
         /** One sandbox. */
-        get: operations["get"];
+        get: operations["sandboxes_get"];
         put?: never;
         post?: never;
         /** Destroy a sandbox: its VM is stopped and its files removed. */
@@ -426,6 +426,45 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/templates": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Built-in and saved templates. */
+        get: operations["templates_list"];
+        put?: never;
+        /**
+         * Save a sandbox's root filesystem (flattened) as a template; with `include_memory` also its running state,
+         *     so that sandboxes of the template start by restore with its processes running. The sandbox continues.
+         */
+        post: operations["templates_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/templates/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One template. */
+        get: operations["templates_get"];
+        put?: never;
+        post?: never;
+        /** Delete a saved template (refused for built-in ones and while sandboxes use it). */
+        delete: operations["delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/usage": {
         parameters: {
             query?: never;
@@ -560,6 +599,22 @@ export interface components {
              */
             vcpus?: number | null;
         };
+        /** @description Body of `POST /v1/templates`. */
+        CreateTemplateRequest: {
+            /**
+             * @description Save this sandbox's root filesystem (flattened into a standalone image). Exactly one of
+             *     `from_sandbox` and `recipe`.
+             */
+            from_sandbox?: string | null;
+            /**
+             * @description Also save its running memory: sandboxes created from the template then start by restore, not boot,
+             *     with the sandbox's processes running.
+             */
+            include_memory?: boolean;
+            /** @description New template name (`[a-z0-9-]`, 1-63 characters). */
+            name: string;
+            recipe?: components["schemas"]["Recipe"] | null;
+        };
         /** @description Every non-2xx response has this body. */
         ErrorBody: {
             error: components["schemas"]["ErrorDetail"];
@@ -651,6 +706,22 @@ export interface components {
         };
         ProcessList: {
             processes: components["schemas"]["ProcessInfo"][];
+        };
+        /**
+         * @description How to build a template: start from `base`, run `steps` in order (each with `/bin/sh -c`; the first that
+         *     fails fails the build with its output), then optionally start `start_cmd` in the background and wait for
+         *     `ready_cmd` to succeed; the template then keeps the running memory (when `start_cmd` is given) or only the
+         *     disk.
+         */
+        Recipe: {
+            /** @description Template to start from. */
+            base: string;
+            env?: {
+                [key: string]: string;
+            };
+            ready_cmd?: string | null;
+            start_cmd?: string | null;
+            steps: string[];
         };
         /** @description Body of `POST .../files/rename`. */
         RenameRequest: {
@@ -788,6 +859,27 @@ export interface components {
             /** @description Human-readable reason for the choice. */
             vmm_reason: string;
         };
+        /** @description A template: a root filesystem new sandboxes start from. */
+        Template: {
+            /** @description `true` for the images built with the host (`images/rootfs/*.ext4`), which cannot be deleted here. */
+            builtin: boolean;
+            /** @description RFC 3339; absent for built-in templates. */
+            created_at?: string | null;
+            /** @description The sandbox it was saved from. */
+            from_sandbox?: string | null;
+            name: string;
+            /**
+             * Format: int64
+             * @description Bytes on disk of the root filesystem image.
+             */
+            size_bytes: number;
+            /** @description The memory snapshot sandboxes of this template restore from. */
+            snapshot_id?: string | null;
+        };
+        /** @description Body of `GET /v1/templates`. */
+        TemplateList: {
+            templates: components["schemas"]["Template"][];
+        };
         /** @description Body of `GET /v1/usage`. */
         UsageReport: {
             /** @description RFC 3339 start of the window. */
@@ -898,7 +990,7 @@ export interface operations {
             };
         };
     };
-    create: {
+    sandboxes_create: {
         parameters: {
             query?: never;
             header?: never;
@@ -958,7 +1050,7 @@ export interface operations {
             };
         };
     };
-    get: {
+    sandboxes_get: {
         parameters: {
             query?: never;
             header?: never;
@@ -1925,6 +2017,150 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SystemInfo"];
+                };
+            };
+        };
+    };
+    templates_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TemplateList"];
+                };
+            };
+        };
+    };
+    templates_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateTemplateRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Template"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The name is taken, or the sandbox is not running */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    templates_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Template name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Template"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Template name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Built in, or used by sandboxes */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };
