@@ -4,6 +4,7 @@
 //! - [`sandbox`]: create/list/info requests and the sandbox record.
 //! - [`command`]: command execution, streamed events and background processes.
 //! - [`file`]: file metadata and file-operation requests.
+//! - [`network`]: egress policy, private networks, the egress audit log, exposed-port tokens.
 //! - [`system`]: host/VMM report served by `GET /v1/system`.
 //! - [`error`]: the error body and its stable machine-readable [`ErrorCode`]s.
 //!
@@ -13,12 +14,14 @@
 pub mod command;
 pub mod error;
 pub mod file;
+pub mod network;
 pub mod sandbox;
 pub mod system;
 
 pub use command::*;
 pub use error::*;
 pub use file::*;
+pub use network::*;
 pub use sandbox::*;
 pub use system::*;
 

@@ -36,6 +36,16 @@ pub struct CreateSandboxRequest {
     /// snapshot's processes, memory and files (its template, vCPUs and memory are the snapshot's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Egress policy (default: allow everything except the always-denied destinations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::NetworkPolicy>,
+    /// Private networks (names or `net_` ids) to attach the sandbox to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<String>,
+    /// Optional name, unique among live sandboxes: peers on a private network reach the sandbox as
+    /// `<name>.<network>.internal` (as well as `<id>.<network>.internal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// What happens to a sandbox when its TTL passes.

@@ -1,0 +1,57 @@
+//! Sandbox networking.
+//!
+//! # Topology
+//! Every sandbox gets a network namespace of its own (`hearth-<sandbox id>`) holding:
+//! - `tap0`, the guest's NIC (the VMM attaches to it), address [`GATEWAY`] with the fixed MAC [`GATEWAY_MAC`];
+//!   the guest is always [`GUEST_ADDR`]/30 behind it. Because every namespace looks the same from inside, a
+//!   snapshot restored or forked into a fresh namespace finds its gateway again without reconfiguration
+//!   (Firecracker's guidance for clones).
+//! - `up0`, one end of a veth pair whose other end (`hrth<8 hex>`) lives in the *uplink* namespace (the host's
+//!   own by default; tests pass a namespace they made). `up0` carries the sandbox's unique address from the
+//!   sandbox range (default 10.213.0.0/16); guest traffic is SNATed to it, and private-network peers reach the
+//!   guest at that address (DNAT to [`GUEST_ADDR`]).
+//! - an nftables table `inet hearth` with the sandbox's egress policy, anti-spoofing, the always-denied ranges
+//!   and the redirect of TCP 80/443 to the egress proxy when the policy names domains.
+//!
+//! The daemon's per-sandbox services (DNS resolver on [`GATEWAY`]:53, egress proxy on [`GATEWAY`]:[`PROXY_PORT`])
+//! listen on sockets created inside the sandbox namespace ([`netns::in_netns`]); their upstream sockets are
+//! created in the uplink namespace, so a test can give the daemon a fake internet.
+//!
+//! # Layout
+//! - [`netns`]: run code in a named network namespace; create sockets there.
+//! - [`plane`]: create/destroy a sandbox's namespace, links, routes and nftables rules; the uplink "hub";
+//!   sweeping what belongs to no live sandbox.
+//! - [`nflog`]: reads the kernel's NFLOG records of the nftables rules into audit events.
+//! - [`policy`]: parsed egress policy and its decisions.
+//! - [`dns`]: the per-sandbox resolver and the upstream client.
+//! - [`proxy`]: the transparent TCP egress proxy (TLS SNI / HTTP Host).
+//! - [`audit`]: the bounded per-sandbox egress log and its counters.
+
+use std::net::Ipv4Addr;
+
+pub mod netns;
+
+/// The guest's own address (same in every sandbox).
+pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);
+/// The guest's gateway and resolver: `tap0`'s address in the sandbox namespace.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
+/// Prefix length of the guest link.
+pub const GUEST_PREFIX: u8 = 30;
+/// MAC of `tap0` (fixed so a restored guest's ARP cache stays right).
+pub const GATEWAY_MAC: &str = "02:68:72:74:68:01";
+/// MAC of the guest's NIC.
+pub const GUEST_MAC: &str = "02:68:72:74:68:02";
+/// Name of the guest's tap inside the sandbox namespace.
+pub const TAP_NAME: &str = "tap0";
+/// Port of the egress proxy on [`GATEWAY`].
+pub const PROXY_PORT: u16 = 15001;
+
+/// Name of a sandbox's network namespace (`/run/netns/<name>`).
+pub fn netns_name(sandbox_id: &str) -> String {
+    format!("hearth-{sandbox_id}")
+}
+
+/// Path of a sandbox's network namespace.
+pub fn netns_path(sandbox_id: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from("/run/netns").join(netns_name(sandbox_id))
+}
