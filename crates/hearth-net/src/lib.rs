@@ -46,6 +46,40 @@ pub const TAP_NAME: &str = "tap0";
 /// Port of the egress proxy on [`GATEWAY`].
 pub const PROXY_PORT: u16 = 15001;
 
+/// Destinations denied whatever a policy says (besides the uplink's own addresses and other sandboxes, which
+/// the daemon knows at run time): loopback, "this network", private, CGNAT, link-local and metadata, multicast,
+/// reserved and broadcast ranges. Parse with `str::parse::<ipnet::IpNet>()`.
+pub const ALWAYS_DENIED: &[&str] = &[
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "::/128",
+    "::1/128",
+    "::ffff:0:0/96",
+    "64:ff9b:1::/48",
+    "fc00::/7",
+    "fe80::/10",
+    "fec0::/10",
+    "ff00::/8",
+    "fd00:ec2::254/128",
+];
+
+/// [`ALWAYS_DENIED`], parsed.
+pub fn always_denied() -> Vec<ipnet::IpNet> {
+    ALWAYS_DENIED
+        .iter()
+        .map(|s| s.parse().expect("ALWAYS_DENIED entries are valid CIDRs"))
+        .collect()
+}
+
 /// Name of a sandbox's network namespace (`/run/netns/<name>`).
 pub fn netns_name(sandbox_id: &str) -> String {
     format!("hearth-{sandbox_id}")
@@ -54,4 +88,26 @@ pub fn netns_name(sandbox_id: &str) -> String {
 /// Path of a sandbox's network namespace.
 pub fn netns_path(sandbox_id: &str) -> std::path::PathBuf {
     std::path::PathBuf::from("/run/netns").join(netns_name(sandbox_id))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    #[test]
+    fn always_denied_ranges_parse_and_cover_the_metadata_address() {
+        let ranges = super::always_denied();
+        assert_eq!(ranges.len(), super::ALWAYS_DENIED.len());
+        for probe in [
+            "169.254.169.254",
+            "fd00:ec2::254",
+            "10.1.2.3",
+            "127.0.0.1",
+            "100.64.0.1",
+        ] {
+            let ip: std::net::IpAddr = probe.parse().unwrap();
+            assert!(ranges.iter().any(|n| n.contains(&ip)), "{probe} must be denied");
+        }
+        let public: std::net::IpAddr = "203.0.113.10".parse().unwrap();
+        assert!(!ranges.iter().any(|n| n.contains(&public)));
+    }
 }
