@@ -35,8 +35,9 @@ pub struct Args {
     /// VMM backend.
     #[arg(long, env = "HEARTH_VMM", value_enum, default_value_t = VmmChoice::Auto)]
     pub vmm: VmmChoice,
-    /// Template used when a create request names none.
-    #[arg(long, env = "HEARTH_DEFAULT_TEMPLATE", default_value = "debian")]
+    /// Template used when a create request names none: `base` (Python, Node.js, Bun, Go, Rust, the Pi agent;
+    /// built by images/build.sh). Tests that need a small, fast image name `minimal` or `debian` explicitly.
+    #[arg(long, env = "HEARTH_DEFAULT_TEMPLATE", default_value = "base")]
     pub default_template: String,
     /// Seconds a new sandbox's guest agent has to answer. Default 120 under TCG, 20 under KVM.
     #[arg(long, env = "HEARTH_READY_TIMEOUT_S")]
