@@ -27,6 +27,8 @@ pub(crate) const BATCH_BYTES: usize = 32 * 1024;
 pub(crate) enum Inbound {
     Data(Bytes),
     End,
+    /// A control message for the running request (`PtyResize`, `PtySignal`).
+    Control(HostMsg),
 }
 
 struct StreamEntry {
@@ -241,6 +243,11 @@ fn route(
             };
             let _ = e.inbound.send(item);
         }
+        HostMsg::PtyResize { .. } | HostMsg::PtySignal { .. } => {
+            if let Some(e) = streams.lock().get(&stream) {
+                let _ = e.inbound.send(Inbound::Control(msg));
+            }
+        }
         HostMsg::Abandon => streams.abandon(stream, agent, true),
         HostMsg::Hello { .. } => {}
         request => {
@@ -306,6 +313,7 @@ async fn handle(
     match req {
         HostMsg::Ping => ctx.reply(GuestMsg::Pong),
         HostMsg::Exec(req) => return exec(ctx, req, inbound).await,
+        HostMsg::Pty(req) => return crate::pty::run(ctx, req, inbound).await,
         HostMsg::ListProcs => ctx.reply_batches(procs.list(), |procs| GuestMsg::Procs { procs }),
         HostMsg::WaitProc { pid, timeout_ms } => wait(ctx, pid, timeout_ms).await?,
         HostMsg::KillProc { pid, signal } => {
@@ -383,6 +391,7 @@ async fn exec(
                 p.close_stdin().await;
                 break;
             }
+            Inbound::Control(_) => {}
         }
     }
     Ok(After::KeepOpen)

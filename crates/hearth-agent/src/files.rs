@@ -309,6 +309,7 @@ async fn write_file(
                 ended = true;
                 break;
             }
+            Inbound::Control(_) => {}
         }
     }
     if !ended {

@@ -6,6 +6,8 @@
 //! - `conn`: one session: frame loop, `Hello` handling, per-connection stream table, process requests.
 //! - `procs`: spawning (own session/process group, base env, cwd), output pumps with flow control, timeouts,
 //!   bounded output tails, exit statuses.
+//! - `pty`: programs on a pseudo-terminal (session leader with a controlling terminal, resize, signals,
+//!   hang-up when the stream is abandoned).
 //! - `files`: file requests (read/write streamed, stat, list, mkdir, remove, rename) with typed errors.
 //! - `restore`: snapshot support: `Sync` (flush every file system) and `PostRestore` (clock, RNG reseed,
 //!   hostname, machine-id), configured by [`SystemConfig`].
@@ -20,6 +22,7 @@ mod conn;
 mod files;
 pub mod init;
 mod procs;
+mod pty;
 mod reaper;
 mod restore;
 pub mod transport;

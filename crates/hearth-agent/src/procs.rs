@@ -298,7 +298,7 @@ fn short(s: &str, max: usize) -> String {
     s
 }
 
-fn build_command(req: &ExecRequest) -> Result<std::process::Command, AgentError> {
+pub(crate) fn build_command(req: &ExecRequest) -> Result<std::process::Command, AgentError> {
     let bad = |what: &str| fail(ErrorKind::InvalidRequest, what.to_owned());
     let mut cmd = match &req.command {
         Command::Argv(argv) => {

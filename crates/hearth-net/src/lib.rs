@@ -29,7 +29,11 @@
 
 use std::net::Ipv4Addr;
 
+pub mod audit;
+pub mod ctx;
+pub mod dns;
 pub mod netns;
+pub mod policy;
 
 /// The guest's own address (same in every sandbox).
 pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);

@@ -36,7 +36,7 @@ pub mod client;
 pub use frame::{EncodeError, EncodedFrame, FrameDecoder, FrameError, RawFrame};
 pub use msg::{
     Command, ErrorKind, ExecRequest, ExitStatus, FileInfo, FileKind, GuestMsg, Header, HostMsg,
-    POST_RESTORE_ENTROPY_LEN, PostRestore, PostRestoreReport, ProcInfo,
+    POST_RESTORE_ENTROPY_LEN, PostRestore, PostRestoreReport, ProcInfo, PtyRequest,
 };
 
 /// Version spoken by this crate; `Hello` and `HelloOk` carry it and must match.

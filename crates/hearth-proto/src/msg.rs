@@ -100,6 +100,31 @@ impl ExecRequest {
     }
 }
 
+/// Everything the agent needs to start a program on a new pseudo-terminal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyRequest {
+    pub command: Command,
+    /// Added to the agent's base environment; `TERM` defaults to [`DEFAULT_TERM`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Absolute working directory; default `/root` if it exists, else `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Terminal size at start (1..=[`MAX_PTY_DIM`] each).
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// `TERM` of a PTY session whose request does not set one.
+pub const DEFAULT_TERM: &str = "xterm-256color";
+/// Largest number of rows or columns a terminal may have.
+pub const MAX_PTY_DIM: u16 = 4096;
+
+/// Checks a terminal size.
+pub fn valid_pty_size(rows: u16, cols: u16) -> bool {
+    (1..=MAX_PTY_DIM).contains(&rows) && (1..=MAX_PTY_DIM).contains(&cols)
+}
+
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitStatus {
@@ -333,6 +358,17 @@ pub enum HostMsg {
     /// Flush every guest file system (`sync(2)`, then `syncfs` on each mount) before a snapshot. Answered by
     /// `Ok` once done (protocol version 2).
     Sync,
+    /// Start a program on a new pseudo-terminal (its session leader, with the terminal as controlling
+    /// terminal). Answered by `Started`, then the terminal's output as `Stdout` data, then `Exited`. Input is
+    /// `Stdin` data on the same stream (Ctrl-C is the byte 0x03: the terminal turns it into SIGINT);
+    /// `PtyResize` and `PtySignal` act on it; `Abandon` (or a lost connection) hangs it up: SIGHUP and
+    /// SIGTERM to its process group, SIGKILL after a short grace. PTY programs are not in the process table.
+    /// Agents that predate it answer `Error{invalid_request}`.
+    Pty(PtyRequest),
+    /// Resize the terminal of the PTY session on this stream (the program gets SIGWINCH). No answer.
+    PtyResize { rows: u16, cols: u16 },
+    /// Send `signal` to the process group of the PTY session on this stream. No answer.
+    PtySignal { signal: i32 },
     /// Fix up the guest after a resume or fork (clock, RNG, identity). Answered by `PostRestored`, or by
     /// `Error{invalid_request}` for malformed values, before anything was changed (protocol version 2).
     PostRestore(PostRestore),

@@ -13,6 +13,7 @@
 //! - [`AgentClient::read_file`] -> ([`FileInfo`], [`FileReader`]), [`AgentClient::write_file`],
 //!   [`AgentClient::stat`], [`AgentClient::list_dir`], [`AgentClient::mkdir`], [`AgentClient::remove`],
 //!   [`AgentClient::rename`]
+//! - [`AgentClient::pty`] -> [`PtyHandle`] (events: [`PtyEvent`]; input, resize, signal: [`PtyInput`])
 //! - Snapshots (protocol version 2): [`AgentClient::sync`] before pausing or checkpointing a VM (flushes
 //!   every guest file system; returns once done); [`AgentClient::post_restore`] right after a resume or fork
 //!   and before any user command (sets the wall clock, mixes and credits 64 bytes of host entropy and
@@ -28,6 +29,7 @@
 //! messages closes the connection with [`ClientError::Protocol`]; lists and tails are capped.
 
 mod ops;
+mod pty;
 mod stream;
 
 use std::collections::HashMap;
@@ -41,6 +43,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::task::AbortHandle;
 
 pub use ops::{ExecEvent, ExecHandle, FileReader, ProcExit, StdinWriter};
+pub use pty::{PtyEvent, PtyHandle, PtyInput};
 pub use stream::StreamRx;
 
 use crate::frame::{FrameError, encode};

@@ -106,7 +106,7 @@ impl StdinWriter {
 }
 
 /// Send `data` as `msg` data frames on `stream`, waiting for credit before each chunk.
-async fn send_chunks(
+pub(super) async fn send_chunks(
     client: &AgentClient,
     stream: u32,
     window: &CreditWindow,

@@ -1,0 +1,271 @@
+//! The per-sandbox platform resolver (on [`crate::GATEWAY`]:53 inside the sandbox namespace) and the upstream
+//! client it and the egress proxy use.
+//!
+//! What the resolver answers:
+//! - `*.internal`: from the sandbox's private-network names (A records), NXDOMAIN otherwise; never forwarded.
+//! - a name the policy makes resolvable ([`crate::policy::Policy::resolvable`]): A and AAAA looked up upstream,
+//!   answered with the addresses that are not always denied (the others are dropped and logged as
+//!   `resolves_to_denied`); other record types get an empty answer;
+//! - anything else: REFUSED, without any upstream traffic, so that DNS cannot carry data out.
+//!
+//! Every query lands in the sandbox's audit log. Guest datagrams are hostile: anything that does not decode, or
+//! is not a single-question standard query, is ignored or refused; names with bytes outside host name syntax are
+//! refused.
+
+mod upstream;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use hearth_api::NetProtocol;
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::{A, AAAA};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+pub use upstream::{DEFAULT_TIMEOUT, ResolveError, Upstream};
+
+use crate::ctx::SandboxNetCtx;
+use crate::policy::{Decision, reason};
+
+/// Queries one resolver handles at once; more are dropped (the guest retries).
+const MAX_IN_FLIGHT: usize = 64;
+/// Answers carry at most this many addresses.
+const MAX_ANSWERS: usize = 16;
+/// TTL of private-network answers (peers come and go).
+const PRIVATE_TTL: u32 = 5;
+/// Longest TTL handed to the guest.
+const MAX_TTL: u32 = 60;
+/// Denied addresses logged per query (a hostile upstream could return hundreds).
+const MAX_DENIED_LOGGED: usize = 4;
+
+/// Serves DNS on `socket` (bound in the sandbox namespace) for the sandbox of `ctx`, until the task is aborted.
+/// Must be called inside a Tokio runtime.
+pub fn spawn_resolver(
+    socket: std::net::UdpSocket,
+    ctx: Arc<SandboxNetCtx>,
+    upstream: Arc<Upstream>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let socket = match socket
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UdpSocket::from_std(socket))
+        {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                tracing::error!(sandbox = %ctx.id, error = %e, "DNS resolver socket unusable");
+                return;
+            }
+        };
+        let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (len, peer) = match socket.recv_from(&mut buf).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(sandbox = %ctx.id, error = %e, "DNS receive");
+                    continue;
+                }
+            };
+            let Ok(request) = Message::from_vec(&buf[..len]) else {
+                continue;
+            };
+            if request.metadata.message_type != MessageType::Query {
+                continue;
+            }
+            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                continue;
+            };
+            let (socket, ctx, upstream) = (socket.clone(), ctx.clone(), upstream.clone());
+            tokio::spawn(async move {
+                let reply = answer(&request, &ctx, &upstream).await;
+                if let Ok(bytes) = reply.to_vec() {
+                    let _ = socket.send_to(&bytes, peer).await;
+                }
+                drop(permit);
+            });
+        }
+    })
+}
+
+/// The reply to `request` (a decoded query).
+pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream) -> Message {
+    let mut reply = Message::response(request.metadata.id, request.metadata.op_code);
+    reply.metadata.recursion_desired = request.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    if request.metadata.op_code != OpCode::Query {
+        reply.metadata.response_code = ResponseCode::NotImp;
+        return reply;
+    }
+    if request.queries.len() != 1 {
+        reply.metadata.response_code = ResponseCode::FormErr;
+        return reply;
+    }
+    let query = &request.queries[0];
+    reply.add_query(query.clone());
+    let qname = query.name();
+    let Some(name) = plain_name(qname) else {
+        reply.metadata.response_code = ResponseCode::Refused;
+        ctx.audit.record(
+            NetProtocol::Dns,
+            None,
+            None,
+            None,
+            &Decision::denied(reason::DNS_BLOCKED),
+        );
+        return reply;
+    };
+    if query.query_class() != DNSClass::IN {
+        reply.metadata.response_code = ResponseCode::Refused;
+        ctx.audit.record(
+            NetProtocol::Dns,
+            None,
+            None,
+            Some(&name),
+            &Decision::denied(reason::DNS_BLOCKED),
+        );
+        return reply;
+    }
+    let rtype = query.query_type();
+
+    if name == "internal" || name.ends_with(".internal") {
+        match ctx.private_addr(&name) {
+            Some(addr) => {
+                if rtype == RecordType::A {
+                    reply.add_answer(Record::from_rdata(qname.clone(), PRIVATE_TTL, RData::A(A(addr))));
+                }
+                ctx.audit.record(
+                    NetProtocol::Dns,
+                    Some(IpAddr::V4(addr)),
+                    None,
+                    Some(&name),
+                    &Decision::allowed(reason::PRIVATE_PEER),
+                );
+            }
+            None => {
+                reply.metadata.response_code = ResponseCode::NXDomain;
+                ctx.audit.record(
+                    NetProtocol::Dns,
+                    None,
+                    None,
+                    Some(&name),
+                    &Decision::denied(reason::UNRESOLVABLE),
+                );
+            }
+        }
+        return reply;
+    }
+
+    let policy = ctx.policy();
+    let decision = policy.resolvable(&name);
+    if !decision.allowed {
+        reply.metadata.response_code = ResponseCode::Refused;
+        ctx.audit
+            .record(NetProtocol::Dns, None, None, Some(&name), &decision);
+        return reply;
+    }
+    if rtype != RecordType::A && rtype != RecordType::AAAA {
+        // Allowed name, but only addresses are looked up: nothing else leaves through the resolver.
+        ctx.audit
+            .record(NetProtocol::Dns, None, None, Some(&name), &decision);
+        return reply;
+    }
+    let addrs = match upstream.lookup(&name, rtype).await {
+        Ok(addrs) => addrs,
+        Err(e) => {
+            reply.metadata.response_code = match e {
+                ResolveError::NxDomain { .. } => ResponseCode::NXDomain,
+                _ => ResponseCode::ServFail,
+            };
+            tracing::debug!(sandbox = %ctx.id, error = %e, "DNS upstream lookup");
+            ctx.audit.record(
+                NetProtocol::Dns,
+                None,
+                None,
+                Some(&name),
+                &Decision::denied(reason::UNRESOLVABLE),
+            );
+            return reply;
+        }
+    };
+    let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) = addrs
+        .into_iter()
+        .partition(|ip| policy.decide_addr(*ip, &ctx.extra_denied).reason != reason::ALWAYS_DENIED);
+    for ip in dropped.iter().take(MAX_DENIED_LOGGED) {
+        ctx.audit.record(
+            NetProtocol::Dns,
+            Some(*ip),
+            None,
+            Some(&name),
+            &Decision::denied(reason::RESOLVES_TO_DENIED),
+        );
+    }
+    if !kept.is_empty() || dropped.is_empty() {
+        ctx.audit.record(
+            NetProtocol::Dns,
+            kept.first().copied(),
+            None,
+            Some(&name),
+            &decision,
+        );
+    }
+    for ip in kept.into_iter().take(MAX_ANSWERS) {
+        let data = match ip {
+            IpAddr::V4(v4) => RData::A(A(v4)),
+            IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+        };
+        reply.add_answer(Record::from_rdata(qname.clone(), MAX_TTL, data));
+    }
+    reply
+}
+
+/// The name in host name syntax (labels of letters, digits, `-` and `_`), lower case without the final dot;
+/// `None` for the root or a name with any other byte (which could make a label look like two).
+fn plain_name(name: &Name) -> Option<String> {
+    let mut out = String::new();
+    for label in name.iter() {
+        if label.is_empty()
+            || !label
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_')
+        {
+            return None;
+        }
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.extend(label.iter().map(|b| b.to_ascii_lowercase() as char));
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Where the resolver listens in the sandbox namespace: the guest's gateway, port 53.
+pub fn listen_addr() -> SocketAddr {
+    (crate::GATEWAY, 53).into()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_names() {
+        let n = |s: &str| Name::from_ascii(s).unwrap();
+        assert_eq!(
+            plain_name(&n("WWW.Example.com.")).as_deref(),
+            Some("www.example.com")
+        );
+        assert_eq!(
+            plain_name(&n("_dmarc.example.com.")).as_deref(),
+            Some("_dmarc.example.com")
+        );
+        assert_eq!(plain_name(&n(".")), None);
+        // A label holding a dot must not pass for two labels (`evil.example` under `com`).
+        let tricky = Name::from_labels(vec![&b"evil.example"[..], &b"com"[..]]).unwrap();
+        assert_eq!(plain_name(&tricky), None);
+        let spaced = Name::from_labels(vec![&b"a b"[..], &b"com"[..]]).unwrap();
+        assert_eq!(plain_name(&spaced), None);
+    }
+}
