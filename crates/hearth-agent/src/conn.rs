@@ -344,6 +344,7 @@ async fn handle(
             }
             ctx.reply(GuestMsg::Ok);
         }
+        HostMsg::WatchDir(req) => return crate::watch::run(ctx, req).await,
         other => return crate::files::handle(ctx, other, inbound).await,
     }
     Ok(After::Done)

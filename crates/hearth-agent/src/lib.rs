@@ -9,6 +9,8 @@
 //! - `pty`: programs on a pseudo-terminal (session leader with a controlling terminal, resize, signals,
 //!   hang-up when the stream is abandoned).
 //! - `files`: file requests (read/write streamed, stat, list, mkdir, remove, rename) with typed errors.
+//! - `watch`: `WatchDir`: inotify on a directory (optionally recursive), events in bounded, flow-controlled
+//!   batches.
 //! - `restore`: snapshot support: `Sync` (flush every file system) and `PostRestore` (clock, RNG reseed,
 //!   hostname, machine-id), configured by [`SystemConfig`].
 //! - `reaper`: the single process-wide SIGCHLD-style reaper that hands exit statuses to their waiters and
@@ -26,6 +28,7 @@ mod pty;
 mod reaper;
 mod restore;
 pub mod transport;
+mod watch;
 
 use std::sync::Arc;
 

@@ -5,6 +5,7 @@
 //!   [`frame::encode`] and the allocation-bounded, resynchronising [`frame::FrameDecoder`].
 //! - [`msg`]: the typed, versioned messages: [`HostMsg`] (host -> guest) and [`GuestMsg`] (guest -> host),
 //!   plus the request and result types ([`ExecRequest`], [`FileInfo`], [`ProcInfo`], [`ErrorKind`], ...).
+//! - [`watch`]: the request and events of a directory watch (`WatchDir`).
 //! - `io` (feature `io`): async [`io::FrameReader`], the [`io::Outbox`] + [`io::write_loop`] writer, and the
 //!   two halves of flow control, [`io::CreditWindow`] (sender) and [`io::RecvWindow`] (receiver).
 //! - `client` (feature `client`): [`client::AgentClient`], the host side used by the daemon.
@@ -26,6 +27,7 @@
 
 pub mod frame;
 pub mod msg;
+pub mod watch;
 
 #[cfg(feature = "io")]
 pub mod io;

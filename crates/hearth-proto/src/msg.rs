@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::watch::WatchRequest;
+
 /// The program to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -372,6 +374,9 @@ pub enum HostMsg {
     /// Fix up the guest after a resume or fork (clock, RNG, identity). Answered by `PostRestored`, or by
     /// `Error{invalid_request}` for malformed values, before anything was changed (protocol version 2).
     PostRestore(PostRestore),
+    /// Watch a directory: `Watching`, then `WatchEvents` data frames until `Abandon` (or `Ok` once the
+    /// directory itself is gone). See [`crate::watch`].
+    WatchDir(WatchRequest),
 }
 
 impl HostMsg {
@@ -429,6 +434,10 @@ pub enum GuestMsg {
     Written { bytes: u64 },
     /// Answer to `PostRestore` (terminal).
     PostRestored(PostRestoreReport),
+    /// The watch of a `WatchDir` is in place; events follow.
+    Watching,
+    /// A JSON array of [`crate::watch::WatchEvent`]s (in the data section).
+    WatchEvents,
     /// Generic success (terminal).
     Ok,
     /// Failure (terminal).
@@ -438,7 +447,10 @@ pub enum GuestMsg {
 impl GuestMsg {
     /// True for messages whose payload is the frame's data section (all flow-controlled).
     pub fn carries_data(&self) -> bool {
-        matches!(self, GuestMsg::Stdout | GuestMsg::Stderr | GuestMsg::FileData)
+        matches!(
+            self,
+            GuestMsg::Stdout | GuestMsg::Stderr | GuestMsg::FileData | GuestMsg::WatchEvents
+        )
     }
 
     /// True for the messages that end a stream.

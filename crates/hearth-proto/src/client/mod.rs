@@ -13,6 +13,8 @@
 //! - [`AgentClient::read_file`] -> ([`FileInfo`], [`FileReader`]), [`AgentClient::write_file`],
 //!   [`AgentClient::stat`], [`AgentClient::list_dir`], [`AgentClient::mkdir`], [`AgentClient::remove`],
 //!   [`AgentClient::rename`]
+//! - [`AgentClient::watch_dir`] -> [`DirWatcher`] (batches of [`crate::watch::WatchEvent`]; dropping it stops
+//!   the watch)
 //! - [`AgentClient::pty`] -> [`PtyHandle`] (events: [`PtyEvent`]; input, resize, signal: [`PtyInput`])
 //! - Snapshots (protocol version 2): [`AgentClient::sync`] before pausing or checkpointing a VM (flushes
 //!   every guest file system; returns once done); [`AgentClient::post_restore`] right after a resume or fork
@@ -31,6 +33,7 @@
 mod ops;
 mod pty;
 mod stream;
+mod watch;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -45,6 +48,7 @@ use tokio::task::AbortHandle;
 pub use ops::{ExecEvent, ExecHandle, FileReader, ProcExit, StdinWriter};
 pub use pty::{PtyEvent, PtyHandle, PtyInput};
 pub use stream::StreamRx;
+pub use watch::DirWatcher;
 
 use crate::frame::{FrameError, encode};
 use crate::io::{CreditWindow, FrameReader, Outbox, RecvWindow, write_loop};
