@@ -312,3 +312,92 @@ pub struct Template {
 pub struct TemplateList {
     pub templates: Vec<Template>,
 }
+
+/// Which output stream a [`TemplateBuildEvent::StepOutput`] line came from.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// A stage of a template build outside the recipe's steps.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum BuildPhase {
+    /// Creating (booting) the build sandbox from the recipe's `base`.
+    CreatingSandbox,
+    /// Starting `start_cmd` in the background.
+    StartCmd,
+    /// Running `ready_cmd` until it succeeds.
+    WaitingReady,
+    /// Checkpointing the sandbox and flattening its disk into the template image.
+    Saving,
+}
+
+/// One progress event of `POST /v1/templates` asked for with `Accept: text/event-stream`. The SSE `event:` name
+/// is the variant (`started`, `phase`, `step_started`, `step_output`, `step_finished`, `done`, `failed`) and
+/// `data:` is this JSON. Steps are numbered from 1. The stream ends after `done` or `failed`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TemplateBuildEvent {
+    /// The build began: `steps` recipe steps will run (0 when saving from a sandbox).
+    Started {
+        name: String,
+        steps: u32,
+    },
+    Phase {
+        phase: BuildPhase,
+    },
+    StepStarted {
+        step: u32,
+        cmd: String,
+    },
+    /// One line of a step's output without its line end (lines longer than 4 KiB arrive in pieces; bytes that
+    /// are not UTF-8 are replaced).
+    StepOutput {
+        step: u32,
+        stream: OutputStream,
+        line: String,
+    },
+    StepFinished {
+        step: u32,
+        exit_code: i32,
+        duration_ms: u64,
+    },
+    /// The template is saved.
+    Done {
+        template: Template,
+    },
+    /// The build failed (a failing step's message carries the end of its output); nothing was saved.
+    Failed {
+        code: crate::ErrorCode,
+        message: String,
+    },
+}
+
+impl TemplateBuildEvent {
+    /// The SSE `event:` name of this event.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TemplateBuildEvent::Started { .. } => "started",
+            TemplateBuildEvent::Phase { .. } => "phase",
+            TemplateBuildEvent::StepStarted { .. } => "step_started",
+            TemplateBuildEvent::StepOutput { .. } => "step_output",
+            TemplateBuildEvent::StepFinished { .. } => "step_finished",
+            TemplateBuildEvent::Done { .. } => "done",
+            TemplateBuildEvent::Failed { .. } => "failed",
+        }
+    }
+
+    /// True for the last event of a build (`done` or `failed`).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            TemplateBuildEvent::Done { .. } | TemplateBuildEvent::Failed { .. }
+        )
+    }
+}

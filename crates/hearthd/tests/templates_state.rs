@@ -1,12 +1,14 @@
 //! In-process template tests with the fake VMM (`fake/`): saving a sandbox as a template with and without
-//! memory, creating from it (boot vs restore), listing next to the built-in images, and the deletion rules.
+//! memory, creating from it (boot vs restore), listing next to the built-in images, and the deletion rules;
+//! recipe builds and the progress events they report.
 
 mod fake;
 
 use std::sync::atomic::Ordering;
 
 use fake::*;
-use hearth_api::{CreateSandboxRequest, CreateTemplateRequest, ErrorCode};
+use hearth_api::{CreateSandboxRequest, CreateTemplateRequest, ErrorCode, TemplateBuildEvent};
+use hearthd::service::templates::BuildProgress;
 
 fn from(template: &str) -> CreateSandboxRequest {
     CreateSandboxRequest {
@@ -179,4 +181,117 @@ async fn recipe_builds_succeed_or_report_the_failing_step() {
         f.svc.create_template(both).await.expect_err("both").code(),
         ErrorCode::InvalidArgument
     );
+}
+
+/// Every event of a build, in order, as `name` or `name:detail` strings.
+async fn build_events(f: &Fixture, name: &str, steps: &[&str]) -> (Vec<String>, Vec<TemplateBuildEvent>) {
+    let (progress, mut rx) = BuildProgress::channel(8);
+    let req = CreateTemplateRequest {
+        name: name.into(),
+        recipe: Some(hearth_api::Recipe {
+            base: "minimal".into(),
+            steps: steps.iter().map(|s| s.to_string()).collect(),
+            start_cmd: Some("serve".into()),
+            ready_cmd: Some("check".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let svc = f.svc.clone();
+    let build = tokio::spawn(async move { svc.create_template_reporting(req, &progress).await });
+    let mut events = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        events.push(ev);
+    }
+    let _ = build.await.expect("build task");
+    let names = events
+        .iter()
+        .map(|ev| match ev {
+            TemplateBuildEvent::Started { steps, .. } => format!("started:{steps}"),
+            TemplateBuildEvent::Phase { phase } => format!("phase:{phase:?}"),
+            TemplateBuildEvent::StepStarted { step, cmd } => format!("step_started:{step}:{cmd}"),
+            TemplateBuildEvent::StepOutput { step, stream, line } => {
+                format!("step_output:{step}:{stream:?}:{line}")
+            }
+            TemplateBuildEvent::StepFinished { step, exit_code, .. } => {
+                format!("step_finished:{step}:{exit_code}")
+            }
+            TemplateBuildEvent::Done { template } => format!("done:{}", template.name),
+            TemplateBuildEvent::Failed { code, .. } => format!("failed:{code:?}"),
+        })
+        .collect();
+    (names, events)
+}
+
+#[tokio::test]
+async fn recipe_builds_report_their_progress() {
+    let f = fixture(40);
+    let (names, _) = build_events(&f, "reported", &["echo one", "echo two"]).await;
+    assert_eq!(
+        names,
+        [
+            "started:2",
+            "phase:CreatingSandbox",
+            "step_started:1:echo one",
+            "step_output:1:Stdout:ran echo one with FOO=",
+            "step_finished:1:0",
+            "step_started:2:echo two",
+            "step_output:2:Stdout:ran echo two with FOO=",
+            "step_finished:2:0",
+            "phase:StartCmd",
+            "phase:WaitingReady",
+            "phase:Saving",
+            "done:reported",
+        ]
+    );
+    assert!(f.svc.get_template("reported").is_ok());
+
+    let (names, events) = build_events(&f, "failing", &["echo one", "false # fails", "echo never"]).await;
+    assert_eq!(
+        names,
+        [
+            "started:3",
+            "phase:CreatingSandbox",
+            "step_started:1:echo one",
+            "step_output:1:Stdout:ran echo one with FOO=",
+            "step_finished:1:0",
+            "step_started:2:false # fails",
+            "step_output:2:Stdout:ran false # fails with FOO=",
+            "step_finished:2:1",
+            "failed:GuestError",
+        ]
+    );
+    let Some(TemplateBuildEvent::Failed { message, .. }) = events.last() else {
+        panic!("no failed event: {events:?}");
+    };
+    assert!(
+        message.contains("step 2 (false # fails) failed with exit code 1: ran false # fails"),
+        "{message}"
+    );
+    assert!(f.svc.get_template("failing").is_err());
+    assert!(
+        f.svc.list(&[]).expect("list").is_empty(),
+        "build sandboxes removed"
+    );
+
+    // A reader that goes away does not stop the build.
+    let (progress, rx) = BuildProgress::channel(1);
+    drop(rx);
+    let t = f
+        .svc
+        .create_template_reporting(
+            CreateTemplateRequest {
+                name: "unwatched".into(),
+                recipe: Some(hearth_api::Recipe {
+                    base: "minimal".into(),
+                    steps: vec!["echo a".into(), "echo b".into()],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            &progress,
+        )
+        .await
+        .expect("build without a reader");
+    assert_eq!(t.name, "unwatched");
 }

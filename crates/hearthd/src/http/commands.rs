@@ -16,7 +16,7 @@ use super::AppState;
 use super::error::{ApiError, ApiJson, ApiQuery, OptionalJson, ProcessPath, RawBody, SandboxId};
 use super::sse;
 
-fn wants_event_stream(headers: &HeaderMap) -> bool {
+pub(super) fn wants_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()

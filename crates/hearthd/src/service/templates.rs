@@ -11,14 +11,25 @@
 //! the steps in order (the first failing one fails the build with its output), then `start_cmd` in the
 //! background until `ready_cmd` succeeds, then the sandbox is saved as above (with memory when there is a
 //! `start_cmd`) and destroyed.
+//!
+//! Progress: [`Sandboxes::create_template_reporting`] sends [`TemplateBuildEvent`]s (phases, each step's start,
+//! output lines and end, then `done` or `failed`) into a bounded channel that the SSE route drains. A slow reader
+//! slows the build (the agent's flow control holds the step's output back); a reader that goes away does not stop
+//! it: the build finishes, the build sandbox is destroyed, and the template is saved or not as usual.
 
 use std::os::unix::fs::DirBuilderExt;
 
 use std::time::Duration;
 
-use hearth_api::{CreateSandboxRequest, CreateTemplateRequest, Recipe, RunCommandRequest, Template};
+use hearth_api::{
+    BuildPhase, CreateSandboxRequest, CreateTemplateRequest, OutputStream, Recipe, RunCommandRequest,
+    Template, TemplateBuildEvent,
+};
+use hearth_proto::client::ExecEvent;
 use rand::RngCore;
+use tokio::sync::mpsc;
 
+use super::exec::exit_code;
 use super::lifecycle::rfc3339;
 use super::{Sandboxes, ServiceError, clip, now_ms, snapshot};
 use crate::db::snapshots::TemplateRow;
@@ -32,8 +43,102 @@ const READY_TIMEOUT: Duration = Duration::from_secs(300);
 /// TTL of a build sandbox (it is destroyed when the build ends).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(86400);
 
+/// Longest output line sent in one `step_output` event; longer lines arrive in pieces.
+const MAX_LINE: usize = 4096;
+/// Bytes of the end of each output stream of a failing step quoted in the build's error.
+const FAILURE_TAIL: usize = 4096;
+
 fn file_size(p: &std::path::Path) -> u64 {
     std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Where a build reports its progress; [`BuildProgress::none`] reports nothing (the plain JSON answer).
+#[derive(Clone, Default)]
+pub struct BuildProgress(Option<mpsc::Sender<TemplateBuildEvent>>);
+
+impl BuildProgress {
+    pub fn none() -> Self {
+        BuildProgress(None)
+    }
+
+    /// A reporter and the receiving end of its events (at most `capacity` waiting).
+    pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<TemplateBuildEvent>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (BuildProgress(Some(tx)), rx)
+    }
+
+    fn active(&self) -> bool {
+        self.0.as_ref().is_some_and(|tx| !tx.is_closed())
+    }
+
+    async fn send(&self, ev: TemplateBuildEvent) {
+        if let Some(tx) = &self.0 {
+            // A reader that went away does not stop the build.
+            let _ = tx.send(ev).await;
+        }
+    }
+}
+
+/// One output stream of a running step: cut into lines for progress events, with its tail kept for the error
+/// message of a failing step.
+struct StepStream {
+    kind: OutputStream,
+    partial: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+impl StepStream {
+    fn new(kind: OutputStream) -> Self {
+        StepStream {
+            kind,
+            partial: Vec::new(),
+            tail: Vec::new(),
+        }
+    }
+
+    /// Takes a chunk; returns the lines it completed (and pieces of overlong lines) when `lines` is set.
+    fn push(&mut self, data: &[u8], lines: bool) -> Vec<String> {
+        self.tail.extend_from_slice(data);
+        if self.tail.len() > FAILURE_TAIL {
+            self.tail.drain(..self.tail.len() - FAILURE_TAIL);
+        }
+        if !lines {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for &b in data {
+            if b == b'\n' {
+                out.push(line_text(&std::mem::take(&mut self.partial)));
+            } else {
+                self.partial.push(b);
+                if self.partial.len() >= MAX_LINE {
+                    out.push(line_text(&std::mem::take(&mut self.partial)));
+                }
+            }
+        }
+        out
+    }
+
+    /// The unterminated last line, if any.
+    fn finish(&mut self) -> Option<String> {
+        (!self.partial.is_empty()).then(|| line_text(&std::mem::take(&mut self.partial)))
+    }
+
+    fn tail_text(&self) -> String {
+        String::from_utf8_lossy(&self.tail).into_owned()
+    }
+}
+
+fn line_text(bytes: &[u8]) -> String {
+    let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// How one build step ended.
+struct StepOutcome {
+    exit_code: i32,
+    stdout_tail: String,
+    stderr_tail: String,
 }
 
 impl Sandboxes {
@@ -80,32 +185,90 @@ impl Sandboxes {
             .ok_or_else(|| ServiceError::NotFound(format!("template {} not found", clip(name, 64))))
     }
 
+    /// Checks a create-template request without doing anything: exactly one source, a valid and free name, a
+    /// recipe within its limits. The HTTP route calls it before it commits to an event stream.
+    pub fn check_template_request(&self, req: &CreateTemplateRequest) -> Result<(), ServiceError> {
+        if req.from_sandbox.is_some() == req.recipe.is_some() {
+            return Err(ServiceError::InvalidArgument(
+                "give exactly one of from_sandbox and recipe".into(),
+            ));
+        }
+        let name = &req.name;
+        if !hearth_api::is_valid_template_name(name) {
+            return Err(ServiceError::InvalidArgument(format!(
+                "invalid template name {:?} (expected [a-z0-9-], 1-63 characters)",
+                clip(name, 64)
+            )));
+        }
+        if self.settings.paths.template_base(name).is_some() || self.db.get_template(name)?.is_some() {
+            return Err(ServiceError::Conflict(format!("template {name} already exists")));
+        }
+        if let Some(recipe) = &req.recipe {
+            if recipe.steps.len() > MAX_STEPS {
+                return Err(ServiceError::InvalidArgument(format!(
+                    "more than {MAX_STEPS} steps"
+                )));
+            }
+            if recipe.ready_cmd.is_some() && recipe.start_cmd.is_none() {
+                return Err(ServiceError::InvalidArgument(
+                    "ready_cmd needs a start_cmd".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Saves a sandbox's root filesystem (and with `include_memory` its running state) as a template, or builds
     /// one from a recipe.
     pub async fn create_template(&self, req: CreateTemplateRequest) -> Result<Template, ServiceError> {
-        let (from, recipe) = match (req.from_sandbox, req.recipe) {
-            (Some(from), None) => (from, None),
-            (None, Some(recipe)) => (String::new(), Some(recipe)),
-            _ => {
-                return Err(ServiceError::InvalidArgument(
-                    "give exactly one of from_sandbox and recipe".into(),
-                ));
-            }
+        self.create_template_reporting(req, &BuildProgress::none()).await
+    }
+
+    /// [`Sandboxes::create_template`] that reports its progress, ending with `done` or `failed`.
+    pub async fn create_template_reporting(
+        &self,
+        req: CreateTemplateRequest,
+        progress: &BuildProgress,
+    ) -> Result<Template, ServiceError> {
+        let result = self.create_template_inner(req, progress).await;
+        let last = match &result {
+            Ok(t) => TemplateBuildEvent::Done { template: t.clone() },
+            Err(e) => TemplateBuildEvent::Failed {
+                code: e.code(),
+                message: e.to_string(),
+            },
         };
-        let name = req.name;
-        if !hearth_api::is_valid_template_name(&name) {
-            return Err(ServiceError::InvalidArgument(format!(
-                "invalid template name {:?} (expected [a-z0-9-], 1-63 characters)",
-                clip(&name, 64)
-            )));
+        progress.send(last).await;
+        result
+    }
+
+    async fn create_template_inner(
+        &self,
+        req: CreateTemplateRequest,
+        progress: &BuildProgress,
+    ) -> Result<Template, ServiceError> {
+        self.check_template_request(&req)?;
+        let steps = req.recipe.as_ref().map_or(0, |r| r.steps.len());
+        progress
+            .send(TemplateBuildEvent::Started {
+                name: req.name.clone(),
+                steps: u32::try_from(steps).unwrap_or(u32::MAX),
+            })
+            .await;
+        match (req.from_sandbox, req.recipe) {
+            (_, Some(recipe)) => self.build_template(req.name, recipe, progress).await,
+            (Some(from), None) => {
+                progress
+                    .send(TemplateBuildEvent::Phase {
+                        phase: BuildPhase::Saving,
+                    })
+                    .await;
+                self.save_template(req.name, from, req.include_memory).await
+            }
+            (None, None) => Err(ServiceError::InvalidArgument(
+                "give exactly one of from_sandbox and recipe".into(),
+            )),
         }
-        if self.settings.paths.template_base(&name).is_some() || self.db.get_template(&name)?.is_some() {
-            return Err(ServiceError::Conflict(format!("template {name} already exists")));
-        }
-        if let Some(recipe) = recipe {
-            return self.build_template(name, recipe).await;
-        }
-        self.save_template(name, from, req.include_memory).await
     }
 
     async fn save_template(
@@ -141,17 +304,12 @@ impl Sandboxes {
     }
 
     /// Builds a template from a recipe in a build sandbox, which is destroyed afterwards whatever happens.
-    async fn build_template(&self, name: String, recipe: Recipe) -> Result<Template, ServiceError> {
-        if recipe.steps.len() > MAX_STEPS {
-            return Err(ServiceError::InvalidArgument(format!(
-                "more than {MAX_STEPS} steps"
-            )));
-        }
-        if recipe.ready_cmd.is_some() && recipe.start_cmd.is_none() {
-            return Err(ServiceError::InvalidArgument(
-                "ready_cmd needs a start_cmd".into(),
-            ));
-        }
+    async fn build_template(
+        &self,
+        name: String,
+        recipe: Recipe,
+        progress: &BuildProgress,
+    ) -> Result<Template, ServiceError> {
         let this = self.arc()?;
         let req = CreateSandboxRequest {
             template: Some(recipe.base.clone()),
@@ -160,35 +318,61 @@ impl Sandboxes {
             metadata: [("hearth.template-build".to_string(), name.clone())].into(),
             ..Default::default()
         };
+        progress
+            .send(TemplateBuildEvent::Phase {
+                phase: BuildPhase::CreatingSandbox,
+            })
+            .await;
         let build = this.create(req).await?;
-        let result = self.build_in(&build.id, &name, &recipe).await;
+        let result = self.build_in(&build.id, &name, &recipe, progress).await;
         if let Err(e) = this.destroy(&build.id, "template-build").await {
             tracing::warn!(sandbox = %build.id, error = %e, "removing the build sandbox");
         }
         result
     }
 
-    async fn build_in(&self, id: &str, name: &str, recipe: &Recipe) -> Result<Template, ServiceError> {
+    async fn build_in(
+        &self,
+        id: &str,
+        name: &str,
+        recipe: &Recipe,
+        progress: &BuildProgress,
+    ) -> Result<Template, ServiceError> {
         for (i, step) in recipe.steps.iter().enumerate() {
-            let req = RunCommandRequest {
-                cmd: Some(step.clone()),
-                timeout_s: Some(STEP_TIMEOUT.as_secs()),
-                ..Default::default()
-            };
-            let r = self.run_command(id, &req).await?;
-            tracing::info!(template = %name, step = i + 1, exit = r.exit_code, "template build step");
+            let n = u32::try_from(i + 1).unwrap_or(u32::MAX);
+            progress
+                .send(TemplateBuildEvent::StepStarted {
+                    step: n,
+                    cmd: clip(step, 4096),
+                })
+                .await;
+            let started = tokio::time::Instant::now();
+            let r = self.run_step(id, n, step, progress).await?;
+            let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            progress
+                .send(TemplateBuildEvent::StepFinished {
+                    step: n,
+                    exit_code: r.exit_code,
+                    duration_ms,
+                })
+                .await;
+            tracing::info!(template = %name, step = n, exit = r.exit_code, duration_ms, "template build step");
             if r.exit_code != 0 {
                 return Err(ServiceError::Guest(format!(
-                    "step {} ({}) failed with exit code {}: {}{}",
-                    i + 1,
+                    "step {n} ({}) failed with exit code {}: {}{}",
                     clip(step, 200),
                     r.exit_code,
-                    clip(&r.stdout, 4096),
-                    clip(&r.stderr, 4096)
+                    r.stdout_tail,
+                    r.stderr_tail
                 )));
             }
         }
         if let Some(start) = &recipe.start_cmd {
+            progress
+                .send(TemplateBuildEvent::Phase {
+                    phase: BuildPhase::StartCmd,
+                })
+                .await;
             let req = RunCommandRequest {
                 cmd: Some(start.clone()),
                 background: true,
@@ -196,6 +380,11 @@ impl Sandboxes {
             };
             self.start_background(id, &req).await?;
             if let Some(ready) = &recipe.ready_cmd {
+                progress
+                    .send(TemplateBuildEvent::Phase {
+                        phase: BuildPhase::WaitingReady,
+                    })
+                    .await;
                 let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
                 loop {
                     let req = RunCommandRequest {
@@ -219,8 +408,77 @@ impl Sandboxes {
                 }
             }
         }
+        progress
+            .send(TemplateBuildEvent::Phase {
+                phase: BuildPhase::Saving,
+            })
+            .await;
         self.save_template(name.to_string(), id.to_string(), recipe.start_cmd.is_some())
             .await
+    }
+
+    /// Runs one build step, reporting its output line by line; keeps the tails of its output for the error.
+    async fn run_step(
+        &self,
+        id: &str,
+        step: u32,
+        cmd: &str,
+        progress: &BuildProgress,
+    ) -> Result<StepOutcome, ServiceError> {
+        let req = RunCommandRequest {
+            cmd: Some(cmd.to_string()),
+            timeout_s: Some(STEP_TIMEOUT.as_secs()),
+            ..Default::default()
+        };
+        let mut running = self.start_command(id, &req).await?;
+        let mut out = StepStream::new(OutputStream::Stdout);
+        let mut err = StepStream::new(OutputStream::Stderr);
+        loop {
+            let ev = match tokio::time::timeout_at(running.deadline, running.handle.next_event()).await {
+                Ok(Some(ev)) => ev,
+                Ok(None) => {
+                    return Err(ServiceError::AgentUnavailable(
+                        "command stream ended without exit".into(),
+                    ));
+                }
+                Err(_) => {
+                    self.kill_after_host_timeout(id, running.pid).await;
+                    return Err(ServiceError::AgentUnavailable(format!(
+                        "agent did not report the end of step {step} in time"
+                    )));
+                }
+            };
+            let (stream, data) = match ev {
+                ExecEvent::Stdout(b) => (&mut out, b),
+                ExecEvent::Stderr(b) => (&mut err, b),
+                ExecEvent::Exited { code, signal, .. } => {
+                    for s in [&mut out, &mut err] {
+                        if let Some(line) = s.finish() {
+                            let stream = s.kind;
+                            progress
+                                .send(TemplateBuildEvent::StepOutput { step, stream, line })
+                                .await;
+                        }
+                    }
+                    return Ok(StepOutcome {
+                        exit_code: exit_code(code, signal),
+                        stdout_tail: out.tail_text(),
+                        stderr_tail: err.tail_text(),
+                    });
+                }
+                ExecEvent::Error(e) => return Err(e.into()),
+            };
+            let kind = stream.kind;
+            for line in stream.push(&data, progress.active()) {
+                progress
+                    .send(TemplateBuildEvent::StepOutput {
+                        step,
+                        stream: kind,
+                        line,
+                    })
+                    .await;
+            }
+        }
     }
 
     /// Flattens the disk copy of snapshot `snap` into `<data>/templates/<name>/rootfs.ext4`; returns its size.
@@ -304,5 +562,41 @@ impl Sandboxes {
             tracing::warn!(template = %name, error = %e, "removing the template directory failed");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_cut_into_lines_across_chunks() {
+        let mut s = StepStream::new(OutputStream::Stdout);
+        assert_eq!(s.push(b"one\ntw", true), vec!["one"]);
+        assert_eq!(s.push(b"o\r\n\nthr", true), vec!["two", ""]);
+        assert_eq!(s.finish().as_deref(), Some("thr"));
+        assert_eq!(s.finish(), None);
+        assert_eq!(s.tail_text(), "one\ntwo\r\n\nthr");
+    }
+
+    #[test]
+    fn long_lines_arrive_in_pieces_and_the_tail_is_bounded() {
+        let mut s = StepStream::new(OutputStream::Stderr);
+        let long = vec![b'x'; MAX_LINE * 2 + 10];
+        let lines = s.push(&long, true);
+        assert_eq!(lines.len(), 2);
+        assert!(lines.iter().all(|l| l.len() == MAX_LINE));
+        assert_eq!(s.finish().map(|l| l.len()), Some(10));
+        assert_eq!(s.tail.len(), FAILURE_TAIL);
+        // Without a reader nothing is split, but the tail is still kept.
+        let mut quiet = StepStream::new(OutputStream::Stdout);
+        assert!(quiet.push(b"a\nb\n", false).is_empty());
+        assert_eq!(quiet.tail_text(), "a\nb\n");
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced() {
+        let mut s = StepStream::new(OutputStream::Stdout);
+        assert_eq!(s.push(b"\xff\xfeok\n", true), vec!["\u{fffd}\u{fffd}ok"]);
     }
 }

@@ -437,8 +437,13 @@ export interface paths {
         get: operations["templates_list"];
         put?: never;
         /**
-         * Save a sandbox's root filesystem (flattened) as a template; with `include_memory` also its running state,
+         * Save a sandbox as a template, or build one from a recipe.
+         * @description `from_sandbox` saves the sandbox's root filesystem (flattened); with `include_memory` also its running state,
          *     so that sandboxes of the template start by restore with its processes running. The sandbox continues.
+         *     `recipe` runs its steps in a build sandbox and saves that. With `Accept: text/event-stream` the answer is a
+         *     stream of `TemplateBuildEvent`s: phases, each step's start, output lines and exit code with its duration, then
+         *     `done` with the template or `failed` with the error. A request that is wrong from the start still gets a JSON
+         *     error. The build goes on if the caller goes away.
          */
         post: operations["templates_create"];
         delete?: never;
@@ -491,6 +496,11 @@ export interface components {
             /** Format: int32 */
             pid: number;
         };
+        /**
+         * @description A stage of a template build outside the recipe's steps.
+         * @enum {string}
+         */
+        BuildPhase: "creating_sandbox" | "start_cmd" | "waiting_ready" | "saving";
         Capacity: {
             /** Format: int32 */
             host_cpus: number;
@@ -580,6 +590,14 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             };
+            /**
+             * @description Optional name, unique among live sandboxes: peers on a private network reach the sandbox as
+             *     `<name>.<network>.internal` (as well as `<id>.<network>.internal`).
+             */
+            name?: string | null;
+            network?: components["schemas"]["NetworkPolicy"] | null;
+            /** @description Private networks (names or `net_` ids) to attach the sandbox to. */
+            networks?: string[];
             on_timeout?: components["schemas"]["OnTimeout"] | null;
             /**
              * @description Start from this snapshot (`snp_...`) instead of booting a template: the new sandbox continues the
@@ -614,6 +632,20 @@ export interface components {
             /** @description New template name (`[a-z0-9-]`, 1-63 characters). */
             name: string;
             recipe?: components["schemas"]["Recipe"] | null;
+        };
+        /**
+         * @description What egress a rule list does not name gets.
+         * @enum {string}
+         */
+        EgressDefault: "allow" | "deny";
+        /** @description A sandbox's egress policy. */
+        EgressPolicy: {
+            /** @description Destinations that may be reached: CIDRs, addresses, domains, `*.domain` wildcards. */
+            allow?: string[];
+            /** @description What a destination no rule names gets. Default `allow`. */
+            default?: components["schemas"]["EgressDefault"];
+            /** @description Destinations that may not be reached (wins over `allow`). */
+            deny?: string[];
         };
         /** @description Every non-2xx response has this body. */
         ErrorBody: {
@@ -686,11 +718,20 @@ export interface components {
             parents?: boolean;
             path: string;
         };
+        /** @description `network` at create, and the body of `PATCH /v1/sandboxes/{id}/network`. */
+        NetworkPolicy: {
+            egress?: components["schemas"]["EgressPolicy"];
+        };
         /**
          * @description What happens to a sandbox when its TTL passes.
          * @enum {string}
          */
         OnTimeout: "kill" | "pause";
+        /**
+         * @description Which output stream a [`TemplateBuildEvent::StepOutput`] line came from.
+         * @enum {string}
+         */
+        OutputStream: "stdout" | "stderr";
         /** @description A process started by the agent (background or foreground) as listed by `GET .../processes`. */
         ProcessInfo: {
             background: boolean;
@@ -875,6 +916,53 @@ export interface components {
             size_bytes: number;
             /** @description The memory snapshot sandboxes of this template restore from. */
             snapshot_id?: string | null;
+        };
+        /**
+         * @description One progress event of `POST /v1/templates` asked for with `Accept: text/event-stream`. The SSE `event:` name
+         *     is the variant (`started`, `phase`, `step_started`, `step_output`, `step_finished`, `done`, `failed`) and
+         *     `data:` is this JSON. Steps are numbered from 1. The stream ends after `done` or `failed`.
+         */
+        TemplateBuildEvent: {
+            name: string;
+            /** Format: int32 */
+            steps: number;
+            /** @enum {string} */
+            type: "started";
+        } | {
+            phase: components["schemas"]["BuildPhase"];
+            /** @enum {string} */
+            type: "phase";
+        } | {
+            cmd: string;
+            /** Format: int32 */
+            step: number;
+            /** @enum {string} */
+            type: "step_started";
+        } | {
+            line: string;
+            /** Format: int32 */
+            step: number;
+            stream: components["schemas"]["OutputStream"];
+            /** @enum {string} */
+            type: "step_output";
+        } | {
+            /** Format: int64 */
+            duration_ms: number;
+            /** Format: int32 */
+            exit_code: number;
+            /** Format: int32 */
+            step: number;
+            /** @enum {string} */
+            type: "step_finished";
+        } | {
+            template: components["schemas"]["Template"];
+            /** @enum {string} */
+            type: "done";
+        } | {
+            code: components["schemas"]["ErrorCode"];
+            message: string;
+            /** @enum {string} */
+            type: "failed";
         };
         /** @description Body of `GET /v1/templates`. */
         TemplateList: {
@@ -2053,6 +2141,16 @@ export interface operations {
             };
         };
         responses: {
+            /** @description Progress events (`Accept: text/event-stream`; SSE: `event:` is the variant name, `data:` the JSON), ending with `done` or `failed` */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["TemplateBuildEvent"];
+                };
+            };
+            /** @description Saved or built (JSON answer) */
             201: {
                 headers: {
                     [name: string]: unknown;
@@ -2080,6 +2178,15 @@ export interface operations {
             };
             /** @description The name is taken, or the sandbox is not running */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A recipe step failed (the message carries its output) */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -1,0 +1,203 @@
+//! Template builds with their progress streamed as [`TemplateBuildEvent`]s (SSE).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::stream::{self, BoxStream};
+use futures::{Stream, StreamExt, TryStreamExt};
+use hearth_api::{CreateTemplateRequest, TemplateBuildEvent};
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::{Method, Url};
+
+use crate::sse::{SseEvent, SseParser};
+use crate::{Client, Error};
+
+/// The progress events of one template build, ending after its `Done` or `Failed` event (or the first `Err`).
+pub struct TemplateBuildStream {
+    inner: BoxStream<'static, Result<TemplateBuildEvent, Error>>,
+}
+
+impl Stream for TemplateBuildStream {
+    type Item = Result<TemplateBuildEvent, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx)
+    }
+}
+
+impl std::fmt::Debug for TemplateBuildStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TemplateBuildStream")
+    }
+}
+
+impl Client {
+    /// `POST /v1/templates` with `Accept: text/event-stream`: saves or builds a template and streams its
+    /// progress. Nothing is sent until the stream is first polled; an error answer (a bad request, a taken name)
+    /// is the stream's first and only item. A failed build ends with a `Failed` event, not an `Err`.
+    pub fn build_template_stream(&self, req: &CreateTemplateRequest) -> TemplateBuildStream {
+        let url = self.url(&["v1", "templates"]);
+        let builder = self
+            .request(Method::POST, &url)
+            .header(ACCEPT, "text/event-stream")
+            .json(req);
+        let client = self.clone();
+        let start = async move {
+            let resp = client.send(builder, &url).await?;
+            let content_type = resp
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if !content_type.starts_with("text/event-stream") {
+                return Err(Error::Decode(format!(
+                    "expected an event stream, got content type {content_type:?}"
+                )));
+            }
+            Ok(build_events(resp.bytes_stream().boxed(), url))
+        };
+        TemplateBuildStream {
+            inner: stream::once(start).try_flatten().boxed(),
+        }
+    }
+}
+
+struct State {
+    body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    parser: SseParser,
+    queue: VecDeque<Result<TemplateBuildEvent, Error>>,
+    /// No more items after the queue drains.
+    finished: bool,
+    url: Url,
+}
+
+impl State {
+    fn push(&mut self, item: Result<TemplateBuildEvent, Error>) {
+        if self.finished {
+            return;
+        }
+        self.finished = item.as_ref().map_or(true, TemplateBuildEvent::is_terminal);
+        self.queue.push_back(item);
+    }
+}
+
+fn build_events(
+    body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    url: Url,
+) -> impl Stream<Item = Result<TemplateBuildEvent, Error>> + Send + 'static {
+    let state = State {
+        body,
+        parser: SseParser::default(),
+        queue: VecDeque::new(),
+        finished: false,
+        url,
+    };
+    stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(item) = st.queue.pop_front() {
+                return Some((item, st));
+            }
+            if st.finished {
+                return None;
+            }
+            match st.body.next().await {
+                Some(Ok(chunk)) => match st.parser.push(&chunk) {
+                    Ok(events) => {
+                        for ev in events {
+                            if let Some(item) = to_build_event(ev) {
+                                st.push(item);
+                            }
+                        }
+                    }
+                    Err(e) => st.push(Err(Error::Decode(e.to_string()))),
+                },
+                Some(Err(e)) => {
+                    let err = Error::transport(&st.url, e);
+                    st.push(Err(err));
+                }
+                None => st.push(Err(Error::Decode(
+                    "the event stream ended before the build's result".into(),
+                ))),
+            }
+        }
+    })
+}
+
+const KNOWN_EVENTS: [&str; 7] = [
+    "started",
+    "phase",
+    "step_started",
+    "step_output",
+    "step_finished",
+    "done",
+    "failed",
+];
+
+/// One SSE event as a build event; `None` for event names this client does not know (a newer daemon may add
+/// some).
+fn to_build_event(ev: SseEvent) -> Option<Result<TemplateBuildEvent, Error>> {
+    if !KNOWN_EVENTS.contains(&ev.event.as_str()) {
+        return None;
+    }
+    Some(
+        serde_json::from_str::<TemplateBuildEvent>(&ev.data)
+            .map_err(|e| Error::Decode(format!("bad `{}` event: {e}", ev.event))),
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use hearth_api::{ErrorCode, OutputStream};
+
+    use super::*;
+
+    async fn collect(chunks: &[&'static [u8]]) -> Vec<Result<TemplateBuildEvent, Error>> {
+        let items: Vec<Result<Bytes, reqwest::Error>> =
+            chunks.iter().map(|c| Ok(Bytes::from_static(c))).collect();
+        let url = Url::parse("http://127.0.0.1:1/v1/templates").unwrap();
+        build_events(stream::iter(items).boxed(), url).collect().await
+    }
+
+    #[tokio::test]
+    async fn events_in_split_chunks_end_at_the_result() {
+        let got = collect(&[
+            b"event: started\ndata: {\"type\":\"started\",\"name\":\"t\",\"steps\":1}\n\nevent: step_out",
+            b"put\ndata: {\"type\":\"step_output\",\"step\":1,\"stream\":\"stderr\",\"line\":\"hi\"}\n\n",
+            b": keep-alive\n\nevent: novel\ndata: {}\n\n",
+            b"event: failed\ndata: {\"type\":\"failed\",\"code\":\"guest_error\",\"message\":\"step 1\"}\n\n",
+            b"event: phase\ndata: {\"type\":\"phase\",\"phase\":\"saving\"}\n\n",
+        ])
+        .await;
+        let got: Vec<TemplateBuildEvent> = got.into_iter().map(|r| r.unwrap()).collect();
+        assert_eq!(
+            got,
+            vec![
+                TemplateBuildEvent::Started {
+                    name: "t".into(),
+                    steps: 1
+                },
+                TemplateBuildEvent::StepOutput {
+                    step: 1,
+                    stream: OutputStream::Stderr,
+                    line: "hi".into()
+                },
+                TemplateBuildEvent::Failed {
+                    code: ErrorCode::GuestError,
+                    message: "step 1".into()
+                },
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_stream_and_garbage_are_errors() {
+        let got = collect(&[b"event: phase\ndata: {\"type\":\"phase\",\"phase\":\"saving\"}\n\n"]).await;
+        assert_eq!(got.len(), 2);
+        assert!(matches!(&got[1], Err(Error::Decode(m)) if m.contains("ended")));
+        let got = collect(&[b"event: done\ndata: nonsense\n\n"]).await;
+        assert!(matches!(&got[..], [Err(Error::Decode(m))] if m.contains("done")));
+    }
+}
