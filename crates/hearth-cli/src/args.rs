@@ -116,6 +116,17 @@ pub enum Command {
     Doctor,
     /// Print a shell completion script.
     Completions { shell: clap_complete::Shell },
+    /// Networks: egress policy, audit log, private networks.
+    #[command(subcommand)]
+    Net(NetCommand),
+    /// Open a guest port through the daemon: prints a URL carrying a signed, expiring token.
+    Expose {
+        id: String,
+        port: u16,
+        /// Seconds the URL stays valid (default 3600).
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
     /// Serve hearth's tools to an AI agent over MCP on stdin/stdout (uses --url and the API key like every
     /// command; see docs/mcp.md).
     Mcp,
@@ -148,6 +159,67 @@ pub enum TemplateCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum NetCommand {
+    /// Create a private network.
+    Create { name: String },
+    /// List private networks and their members.
+    Ls,
+    /// Delete private networks (refused while sandboxes are attached).
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Attach a sandbox to a private network.
+    Attach { network: String, id: String },
+    /// Detach a sandbox from a private network.
+    Detach { network: String, id: String },
+    /// Show a sandbox's address, egress policy and networks.
+    Show { id: String },
+    /// Replace a sandbox's egress policy (effective at once).
+    Policy {
+        id: String,
+        #[command(flatten)]
+        egress: EgressArgs,
+    },
+    /// Show a sandbox's egress audit log.
+    Log { id: String },
+}
+
+/// Egress policy flags.
+#[derive(Debug, Args, Default)]
+pub struct EgressArgs {
+    /// Allow a destination: CIDR, address, domain or `*.domain` (repeatable).
+    #[arg(long = "allow", value_name = "RULE")]
+    pub allow: Vec<String>,
+    /// Deny a destination (repeatable; wins over --allow).
+    #[arg(long = "deny", value_name = "RULE")]
+    pub deny: Vec<String>,
+    /// Deny everything --allow does not name (default: allow everything --deny does not name).
+    #[arg(long)]
+    pub deny_all: bool,
+}
+
+impl EgressArgs {
+    /// The policy, or `None` when no flag was given.
+    pub fn policy(&self) -> Option<hearth_api::NetworkPolicy> {
+        if self.allow.is_empty() && self.deny.is_empty() && !self.deny_all {
+            return None;
+        }
+        Some(hearth_api::NetworkPolicy {
+            egress: hearth_api::EgressPolicy {
+                default: if self.deny_all {
+                    hearth_api::EgressDefault::Deny
+                } else {
+                    hearth_api::EgressDefault::Allow
+                },
+                allow: self.allow.clone(),
+                deny: self.deny.clone(),
+            },
+        })
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     /// Template (root filesystem); the daemon's default when omitted.
@@ -177,6 +249,14 @@ pub struct CreateArgs {
     /// Start from this snapshot (`snp_...`, see `hearth snapshot`) instead of booting a template.
     #[arg(long)]
     pub snapshot: Option<String>,
+    #[command(flatten)]
+    pub egress: EgressArgs,
+    /// Attach to this private network (repeatable).
+    #[arg(long = "network", value_name = "NETWORK")]
+    pub networks: Vec<String>,
+    /// A name peers on its private networks resolve (`<name>.<network>.internal`).
+    #[arg(long)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -239,6 +319,15 @@ pub enum FilesCommand {
     },
     /// Rename or move a path.
     Mv { id: String, from: String, to: String },
+    /// Print a directory's changes as they happen, one line each (`--json`: one JSON object per line), until
+    /// interrupted or the directory is removed.
+    Watch {
+        id: String,
+        path: String,
+        /// Watch subdirectories too, including new ones.
+        #[arg(long, short)]
+        recursive: bool,
+    },
 }
 
 /// `KEY=VALUE`, split at the first `=`; the key may not be empty.

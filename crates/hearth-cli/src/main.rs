@@ -117,6 +117,8 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::System => cmd::system::system(ctx).await,
         Command::Doctor => cmd::system::doctor(ctx).await,
         Command::Mcp => cmd::mcp::serve(ctx).await,
+        Command::Net(n) => cmd::net::net(ctx, n).await,
+        Command::Expose { id, port, ttl } => cmd::net::expose(ctx, &id, port, ttl).await,
         Command::Completions { shell } => {
             let mut command = Cli::command();
             let mut stdout = std::io::stdout();

@@ -4,7 +4,9 @@
 //! - [`client`]: [`Client`] (construction, `from_env`, the request plumbing) and the sandbox routes.
 //! - [`command`]: running commands (buffered, background, streamed as [`CommandStream`]) and processes.
 //! - [`files`]: streamed upload/download and the other file routes.
+//! - [`network`]: egress policy, audit log, private networks, port tokens.
 //! - [`templates`]: template builds with their progress streamed ([`TemplateBuildStream`]).
+//! - [`watch`]: directory watches streamed as [`WatchStream`].
 //! - [`sse`]: the incremental `text/event-stream` parser behind [`CommandStream`] and [`TemplateBuildStream`].
 //! - [`error`]: [`Error`], which keeps the daemon's stable [`hearth_api::ErrorCode`].
 //!
@@ -30,11 +32,14 @@ pub mod client;
 pub mod command;
 pub mod error;
 pub mod files;
+pub mod network;
 pub mod sse;
 pub mod templates;
+pub mod watch;
 
 pub use client::{Client, DEFAULT_DATA_DIR, DEFAULT_URL, ListFilter, default_key_path, read_key_file};
 pub use command::{CommandStream, decode_output};
 pub use error::Error;
 pub use hearth_api as api;
 pub use templates::TemplateBuildStream;
+pub use watch::WatchStream;

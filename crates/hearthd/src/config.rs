@@ -15,6 +15,14 @@ pub enum VmmChoice {
     Firecracker,
 }
 
+/// Whether sandboxes get a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NetworkChoice {
+    Auto,
+    On,
+    Off,
+}
+
 /// `hearthd`: the hearth daemon.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -42,6 +50,22 @@ pub struct Args {
     /// Seconds a new sandbox's guest agent has to answer. Default 120 under TCG, 20 under KVM.
     #[arg(long, env = "HEARTH_READY_TIMEOUT_S")]
     pub ready_timeout_s: Option<u64>,
+    /// Sandbox networking: `auto` turns it on when the daemon can (root, /dev/net/tun, the `nft` tool), `on`
+    /// requires it, `off` gives sandboxes no network device.
+    #[arg(long, env = "HEARTH_NETWORK", value_enum, default_value_t = NetworkChoice::Auto)]
+    pub network: NetworkChoice,
+    /// Network namespace sandbox egress leaves through (a path such as `/run/netns/uplink`). Default: the
+    /// host's own.
+    #[arg(long, env = "HEARTH_UPLINK_NETNS", default_value = "/proc/1/ns/net")]
+    pub uplink_netns: PathBuf,
+    /// Address range of sandboxes (their addresses as private-network peers see them). Two daemons on one host
+    /// need distinct ranges.
+    #[arg(long, env = "HEARTH_SANDBOX_NET", default_value = "10.213.0.0/16")]
+    pub sandbox_net: ipnet::Ipv4Net,
+    /// Resolver the platform DNS resolver and the egress proxy ask, reached from the uplink namespace.
+    /// Default: the first nameserver of /etc/resolv.conf.
+    #[arg(long, env = "HEARTH_DNS_UPSTREAM")]
+    pub dns_upstream: Option<SocketAddr>,
     /// Print the OpenAPI document to stdout and exit.
     #[arg(long)]
     pub print_openapi: bool,
@@ -149,4 +173,30 @@ pub fn ready_timeout(flag: Option<u64>, accel: hearth_vmm::Accel) -> Duration {
         hearth_vmm::Accel::Kvm => 20,
     });
     Duration::from_secs(secs.max(1))
+}
+
+/// The first `nameserver` of a resolv.conf text, as a socket address on port 53.
+pub fn resolv_conf_nameserver(text: &str) -> Option<SocketAddr> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|rest| rest.trim().split('%').next()?.parse::<std::net::IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, 53))
+        .next()
+}
+
+#[cfg(test)]
+mod net_tests {
+    #[test]
+    fn nameserver_comes_from_resolv_conf() {
+        let text = "# generated\nsearch example\nnameserver 192.0.2.53\nnameserver 192.0.2.54\n";
+        assert_eq!(
+            super::resolv_conf_nameserver(text),
+            Some("192.0.2.53:53".parse().expect("addr"))
+        );
+        assert_eq!(
+            super::resolv_conf_nameserver("nameserver fe80::1%eth0"),
+            Some("[fe80::1]:53".parse().expect("addr"))
+        );
+        assert_eq!(super::resolv_conf_nameserver("search x\n"), None);
+    }
 }

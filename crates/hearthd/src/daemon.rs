@@ -65,6 +65,75 @@ pub fn build_vmm(choice: VmmChoice, paths: &Paths) -> anyhow::Result<(Arc<dyn Vm
     ))
 }
 
+/// Why networking cannot be turned on here, if it cannot.
+fn network_unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("hearthd does not run as root".into());
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun is missing".into());
+    }
+    let nft = ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"];
+    if !nft.iter().any(|p| Path::new(p).is_file()) {
+        return Some("the nft tool is not installed (apt-get install nftables)".into());
+    }
+    None
+}
+
+/// Sets up sandbox networking as `--network` asks, recording the outcome as a system check.
+fn build_networking(
+    args: &Args,
+    checks: &mut Vec<hearth_api::Check>,
+) -> anyhow::Result<Option<crate::service::network::Networking>> {
+    let mut check = |status: &str, detail: String| {
+        checks.push(hearth_api::Check {
+            name: "network".into(),
+            status: status.into(),
+            detail,
+        })
+    };
+    if args.network == config::NetworkChoice::Off {
+        check("warn", "sandbox networking is off (--network off)".into());
+        return Ok(None);
+    }
+    if let Some(why) = network_unavailable() {
+        anyhow::ensure!(
+            args.network != config::NetworkChoice::On,
+            "--network on, but {why}"
+        );
+        tracing::warn!(reason = %why, "sandbox networking is off");
+        check("warn", format!("sandbox networking is off: {why}"));
+        return Ok(None);
+    }
+    let dns_upstream = match args.dns_upstream {
+        Some(a) => a,
+        None => std::fs::read_to_string("/etc/resolv.conf")
+            .ok()
+            .and_then(|t| config::resolv_conf_nameserver(&t))
+            .context("no nameserver in /etc/resolv.conf: pass --dns-upstream")?,
+    };
+    let settings = crate::service::network::NetSettings {
+        uplink_netns: args.uplink_netns.clone(),
+        sandbox_net: args.sandbox_net,
+        dns_upstream,
+        port_key_file: args.data_dir.join("port-token.key"),
+    };
+    let net = crate::service::network::Networking::new(settings)
+        .map_err(|e| anyhow::anyhow!("sandbox networking: {e}"))?;
+    tracing::info!(range = %args.sandbox_net, uplink = %args.uplink_netns.display(), %dns_upstream,
+        "sandbox networking on");
+    check(
+        "ok",
+        format!(
+            "sandboxes get addresses in {}, egress via {}, DNS upstream {dns_upstream}",
+            args.sandbox_net,
+            args.uplink_netns.display()
+        ),
+    );
+    Ok(Some(net))
+}
+
 fn private_dir(path: &Path) -> anyhow::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -99,10 +168,16 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         default_template: args.default_template.clone(),
         ready_timeout,
     };
+    let mut info = info;
+    let networking = build_networking(&args, &mut info.checks)?;
     let svc = Sandboxes::new(db, vmm, info, settings);
+    if let Some(net) = networking {
+        svc.enable_networking(net);
+    }
     // Installed before recovery so that what recovery does is counted.
     let metrics = metrics::install();
     adopt::recover(&svc).await.context("recovering sandboxes")?;
+    svc.restore_networking().await;
     tokio::spawn(reaper::reaper(svc.clone()));
     tokio::spawn(reaper::watcher(svc.clone()));
 

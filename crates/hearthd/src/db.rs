@@ -4,6 +4,7 @@
 //! so that a restart can finish or roll back whatever was in flight. Migrations are numbered by SQLite's
 //! `user_version`. Usage intervals live in [`usage`].
 
+pub mod network;
 pub mod snapshots;
 pub mod usage;
 
@@ -75,6 +76,24 @@ const MIGRATIONS: &[&str] = &[
         created_at   INTEGER NOT NULL,
         size_bytes   INTEGER NOT NULL
     );",
+    // 5: sandbox networking: each sandbox's address, name and egress policy; private networks.
+    "CREATE TABLE sandbox_net (
+        sandbox_id  TEXT PRIMARY KEY NOT NULL,
+        address     TEXT NOT NULL UNIQUE,  -- the sandbox's address in the sandbox range
+        name        TEXT UNIQUE,           -- optional DNS name among its private-network peers
+        policy      TEXT NOT NULL          -- JSON hearth_api::EgressPolicy
+    );
+    CREATE TABLE networks (
+        id          TEXT PRIMARY KEY NOT NULL,
+        name        TEXT NOT NULL UNIQUE,
+        created_at  INTEGER NOT NULL
+    );
+    CREATE TABLE network_members (
+        network_id  TEXT NOT NULL REFERENCES networks (id),
+        sandbox_id  TEXT NOT NULL,
+        PRIMARY KEY (network_id, sandbox_id)
+    );
+    CREATE INDEX members_by_sandbox ON network_members (sandbox_id);",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -302,10 +321,14 @@ impl Db {
     }
 
     pub fn delete(&self, id: &str) -> Result<bool, DbError> {
-        Ok(self
-            .lock()
-            .execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?
-            == 1)
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        // The sandbox's network identity and memberships go with it.
+        tx.execute("DELETE FROM sandbox_net WHERE sandbox_id = ?1", params![id])?;
+        tx.execute("DELETE FROM network_members WHERE sandbox_id = ?1", params![id])?;
+        let n = tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+        tx.commit()?;
+        Ok(n == 1)
     }
 
     /// Sandboxes whose TTL has passed at `now_ms`, with what the TTL does to each: running ones per their

@@ -71,7 +71,7 @@ export async function startDaemon(): Promise<Daemon> {
   const child = spawn(
     bin,
     ["--listen", "127.0.0.1:0", "--data-dir", state, "--images-dir", images, "--default-template", "minimal"],
-    { stdio: ["ignore", logFd, logFd], env: { ...process.env, RUST_LOG: "info" } },
+    { stdio: ["ignore", logFd, logFd], env: { ...process.env, RUST_LOG: "info", HEARTH_NETWORK: "off" } },
   );
   const log = () => (existsSync(logPath) ? readFileSync(logPath, "utf8") : "");
   const addr = await waitForLine(join(state, "listen-addr"), child, log, 60_000);

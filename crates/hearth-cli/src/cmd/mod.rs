@@ -3,5 +3,6 @@
 pub mod exec;
 pub mod files;
 pub mod mcp;
+pub mod net;
 pub mod sandbox;
 pub mod system;

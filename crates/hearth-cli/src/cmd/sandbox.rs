@@ -55,6 +55,9 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
         auto_resume: a.no_auto_resume.then_some(false),
         on_timeout: a.pause_on_timeout.then_some(hearth_api::OnTimeout::Pause),
         snapshot: a.snapshot,
+        network: a.egress.policy(),
+        networks: a.networks,
+        name: a.name,
     };
     let what = match &req.template {
         Some(t) => format!("creating a sandbox from {}", output::clean(t)),

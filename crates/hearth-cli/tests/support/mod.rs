@@ -89,6 +89,8 @@ impl Daemon {
             .arg(images_dir())
             .arg("--default-template")
             .arg("minimal")
+            // Sandbox networking is exercised by its own tests, each with an uplink namespace of its own.
+            .env("HEARTH_NETWORK", "off")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())

@@ -125,10 +125,20 @@ impl Sandboxes {
         }
         let parent = self.row(id)?;
         let this = self.arc()?;
+        // Children inherit the parent's egress policy and private networks (each gets its own address).
+        let (network, networks) = match self.db.get_sandbox_net(id)? {
+            Some(n) if self.networking().is_some() => (
+                Some(hearth_api::NetworkPolicy { egress: n.policy }),
+                self.network_ids_of(id)?,
+            ),
+            _ => (None, Vec::new()),
+        };
         let snap = self.checkpoint(id).await?;
         let mut children = Vec::new();
         for _ in 0..count {
             let req = CreateSandboxRequest {
+                network: network.clone(),
+                networks: networks.clone(),
                 snapshot: Some(snap.id.clone()),
                 timeout_s: Some(parent.timeout_s),
                 metadata: parent.metadata.clone(),

@@ -44,6 +44,7 @@ struct CreatePlan {
     auto_resume: bool,
     on_timeout: OnTimeout,
     snapshot: Option<String>,
+    net: super::network::NetPlan,
 }
 
 /// Checks environment variable names (`[A-Za-z_][A-Za-z0-9_]*`) and values (no NUL), and the total size.
@@ -242,6 +243,7 @@ impl Sandboxes {
         if self.settings.paths.template_base(&template).is_none() {
             return Err(ServiceError::NotFound(format!("template {template} not found")));
         }
+        let net = self.plan_network(req.network.as_ref(), &req.networks, req.name.as_deref())?;
         Ok(CreatePlan {
             template: label.unwrap_or(template),
             vcpus,
@@ -252,6 +254,7 @@ impl Sandboxes {
             auto_resume: req.auto_resume.unwrap_or(true),
             on_timeout: req.on_timeout.unwrap_or_default(),
             snapshot: req.snapshot,
+            net,
         })
     }
 
@@ -343,7 +346,8 @@ impl Sandboxes {
         // The intent goes to disk before anything is started.
         self.db.insert(&row)?;
         let this = self.clone();
-        let task = tokio::spawn(async move { this.boot(row, restore).await });
+        let net = plan.net;
+        let task = tokio::spawn(async move { this.boot(row, restore, net).await });
         let result = match task.await {
             Ok(r) => r,
             Err(e) => {
@@ -363,12 +367,17 @@ impl Sandboxes {
     }
 
     /// Boots the VM of a `creating` row; on failure everything of it is removed again.
-    async fn boot(&self, row: SandboxRow, restore: Option<Restore>) -> Result<Sandbox, ServiceError> {
+    async fn boot(
+        &self,
+        row: SandboxRow,
+        restore: Option<Restore>,
+        net: super::network::NetPlan,
+    ) -> Result<Sandbox, ServiceError> {
         let lock = self.op_lock(&row.id);
         let _guard = lock.lock().await;
         let dir = self.settings.paths.sandbox_dir(&row.id);
         let mut handle = None;
-        match self.boot_steps(&row, &dir, restore, &mut handle).await {
+        match self.boot_steps(&row, &dir, restore, &net, &mut handle).await {
             Ok(live) => {
                 if !self
                     .db
@@ -413,6 +422,7 @@ impl Sandboxes {
         row: &SandboxRow,
         dir: &Path,
         restore: Option<Restore>,
+        net: &super::network::NetPlan,
         handle: &mut Option<VmHandle>,
     ) -> Result<std::sync::Arc<Live>, String> {
         let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
@@ -436,6 +446,10 @@ impl Sandboxes {
             .await
             .map_err(|e| format!("preparing the disk: {e}"))?;
         self.db.set_disk(&row.id, &disk).map_err(|e| e.to_string())?;
+        let net = self
+            .attach_network(&row.id, net)
+            .await
+            .map_err(|e| format!("setting up the network: {e}"))?;
         let spec = VmSpec {
             id: row.id.clone(),
             vcpus: row.vcpus,
@@ -444,6 +458,7 @@ impl Sandboxes {
             disk,
             run_dir: dir.to_path_buf(),
             hostname: row.id.replace('_', "-"),
+            net,
         };
         let vm = match &restore {
             Some((snap, info)) => self
@@ -508,6 +523,7 @@ impl Sandboxes {
             crate::adopt::kill_vm_process(h);
         }
         crate::adopt::kill_dir_processes(&dir);
+        self.detach_network(id).await;
         if let Err(e) = std::fs::remove_dir_all(&dir)
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -553,6 +569,7 @@ impl Sandboxes {
         }
         self.teardown(id, row.handle.as_ref()).await;
         self.db.delete(id)?;
+        self.network_gone().await;
         self.db
             .usage_switch(id, None, now_ms(), row.vcpus, row.memory_mib)?;
         metrics::sandbox_destroyed(reason);

@@ -6,20 +6,25 @@
 //! - [`exec`]: commands (buffered, streamed, background) and the process table.
 //! - [`files`]: file content and metadata in the guest.
 //! - [`fork`]: snapshot objects (checkpoints), creating from them, forks.
+//! - [`network`]: sandbox networks (namespaces, egress policy, resolver, proxy), private networks, audit log.
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
 //! - [`templates`]: templates saved from sandboxes (flattened disk, optional memory), listing, deletion.
 //! - [`usage`]: usage reports from the recorded intervals.
+//! - [`watch`]: directory watches in the guest.
 
 pub mod agent;
 pub mod exec;
 pub mod files;
 pub mod fork;
 pub mod lifecycle;
+pub mod network;
 pub mod pause;
+pub mod pty;
 pub mod snapshot;
 pub mod templates;
 pub mod usage;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -160,6 +165,8 @@ pub struct Sandboxes {
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
     /// Serialises lifecycle operations (create, destroy, fail) per sandbox.
     pub(crate) op_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Sandbox networking, when enabled ([`Sandboxes::enable_networking`]).
+    pub(crate) net: std::sync::OnceLock<Arc<network::Networking>>,
     /// This service itself, for operations that run in their own task.
     me: Weak<Sandboxes>,
 }
@@ -173,6 +180,7 @@ impl Sandboxes {
             settings,
             live: Mutex::new(HashMap::new()),
             op_locks: Mutex::new(HashMap::new()),
+            net: std::sync::OnceLock::new(),
             me: me.clone(),
         })
     }

@@ -348,6 +348,11 @@ impl Sandboxes {
         let manifest = tokio::task::spawn_blocking(move || snapshot::verify(&snap2, kind))
             .await
             .map_err(|e| ServiceError::Internal(format!("verify task: {e}")))??;
+        // The namespace and tap were kept while paused (made again if the host lost them).
+        let net = self
+            .network_for_resume(&row.id)
+            .await
+            .map_err(|e| ServiceError::Internal(format!("network for the resume: {e}")))?;
         let spec = VmSpec {
             id: row.id.clone(),
             vcpus: row.vcpus,
@@ -356,6 +361,7 @@ impl Sandboxes {
             disk,
             run_dir,
             hostname: row.id.replace('_', "-"),
+            net,
         };
         let vm = self
             .vmm

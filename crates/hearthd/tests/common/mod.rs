@@ -27,17 +27,26 @@ pub fn template_built(name: &str) -> bool {
 pub struct Daemon {
     pub dir: tempfile::TempDir,
     child: Option<Child>,
+    /// Extra flags (kept for restarts).
+    extra: Vec<String>,
     pub addr: String,
     pub key: String,
     pub http: reqwest::Client,
 }
 
 impl Daemon {
+    /// A daemon without sandbox networking (the network tests bring their own uplink namespace).
     pub async fn start() -> Daemon {
+        Self::start_with(&["--network", "off"]).await
+    }
+
+    /// A daemon with extra flags.
+    pub async fn start_with(extra: &[&str]) -> Daemon {
         let dir = tempfile::Builder::new().prefix("hd").tempdir().expect("tempdir");
         let mut d = Daemon {
             dir,
             child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             addr: String::new(),
             key: String::new(),
             http: reqwest::Client::new(),
@@ -73,6 +82,7 @@ impl Daemon {
                 "--default-template",
                 "minimal",
             ])
+            .args(&self.extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
