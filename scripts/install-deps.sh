@@ -26,7 +26,7 @@ if [ "$need_update" = 1 ]; then
   mkdir -p "$(dirname "$stamp")" && touch "$stamp"
 fi
 
-pkgs=(mmdebstrap busybox-static e2fsprogs cpio lz4 zstd kmod python3 curl ca-certificates tmux iproute2 procps)
+pkgs=(mmdebstrap busybox-static e2fsprogs cpio lz4 zstd kmod python3 curl ca-certificates tmux iproute2 procps nftables)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

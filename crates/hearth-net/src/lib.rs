@@ -33,7 +33,10 @@ pub mod audit;
 pub mod ctx;
 pub mod dns;
 pub mod netns;
+pub mod nflog;
+pub mod plane;
 pub mod policy;
+pub mod ruleset;
 
 /// The guest's own address (same in every sandbox).
 pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);

@@ -1,0 +1,430 @@
+//! The data plane: a sandbox's network namespace, its links, routes and nftables table, and the "hub" in the
+//! uplink namespace that connects every sandbox to the uplink (see the crate doc for the topology and
+//! [`crate::ruleset`] for the rules).
+//!
+//! Everything is done with `ip` and `nft` child processes (spawned from a thread inside the namespace
+//! concerned), so each call here blocks for a few milliseconds: call from `spawn_blocking` in async code.
+//!
+//! # IPv6
+//! Sandboxes have no IPv6 path: IPv6 is disabled in the sandbox namespace and on its uplink link, and the
+//! sandbox table drops every IPv6 packet from the guest. A guest's IPv6 attempt is therefore always denied,
+//! whatever the policy says (the CIDR rules still carry IPv6 ranges, so the rules stay right if a path is ever
+//! added).
+//!
+//! # Ownership
+//! Namespaces are named `hearth-<id>` in `/run/netns`, which every process on the machine shares; the uplink
+//! ends are named `hrth<8 hex>`. Each plane stamps what it creates with a tag derived from its uplink
+//! namespace and sandbox range (the alias of `lo` in the sandbox namespace and of the uplink link), and
+//! [`Plane::sweep`] only removes what carries its own tag (or no tag: a creation that died half-way), so two
+//! planes on one machine (e.g. tests running in parallel) never sweep each other's sandboxes. One plane per
+//! uplink namespace: the hub table belongs to it.
+
+mod cmd;
+mod sweep;
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use ipnet::{IpNet, Ipv4Net};
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::ruleset::{self, UPLINK_IF};
+use crate::{GATEWAY, GATEWAY_MAC, GUEST_ADDR, GUEST_MAC, GUEST_PREFIX, TAP_NAME, netns_name, netns_path};
+use cmd::{IP, ip_batch, ip_json, is_missing, nft, run, sysctls};
+
+/// Name of the guest's interface in a [`GuestLink::Veth`] guest namespace.
+pub const VETH_GUEST_IF: &str = "eth0";
+/// Serialises namespace creation (add + tag) with [`Plane::sweep`]'s scan across processes.
+const LOCK_PATH: &str = "/run/hearth-net.lock";
+
+/// Errors of the data plane. Each carries the object or command it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("invalid sandbox id {0:?}")]
+    InvalidId(String),
+    #[error("{address} is not a sandbox address of {net}")]
+    InvalidAddress { address: Ipv4Addr, net: Ipv4Net },
+    #[error("sandbox range {0} is too small (at most /30)")]
+    InvalidRange(Ipv4Net),
+    #[error("sandbox {0} already has a network namespace")]
+    Exists(String),
+    #[error("`{command}` failed: {stderr}")]
+    Command { command: String, stderr: String },
+    #[error("unexpected output of `{command}`: {detail}")]
+    Parse { command: String, detail: String },
+    #[error("{context}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where sandboxes connect to and which addresses they get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlaneConfig {
+    /// Namespace of the uplink: the host's by default; tests pass a namespace they made (a fake internet).
+    pub uplink_netns: PathBuf,
+    /// The range sandbox addresses come from; its first host is the hub address on every uplink link.
+    pub sandbox_net: Ipv4Net,
+}
+
+impl Default for PlaneConfig {
+    fn default() -> Self {
+        PlaneConfig {
+            uplink_netns: crate::netns::host_netns().to_path_buf(),
+            sandbox_net: Ipv4Net::new(Ipv4Addr::new(10, 213, 0, 0), 16).unwrap_or_default(),
+        }
+    }
+}
+
+/// What the guest side of `tap0` is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestLink {
+    /// A persistent tap device the VMM attaches to.
+    Tap,
+    /// A veth pair whose other end (`eth0`, configured as the guest would be) goes into `guest_netns`: a
+    /// stand-in for a VM in tests.
+    Veth { guest_netns: PathBuf },
+}
+
+/// One sandbox's network: identity, egress policy (CIDR part) and peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxNet {
+    /// `sbx_<16 hex>`; the namespace is [`netns_name`] of it.
+    pub id: String,
+    /// The sandbox's unique address from the sandbox range (the daemon allocates it).
+    pub address: Ipv4Addr,
+    /// Egress default when no CIDR rule matches.
+    pub default_allow: bool,
+    /// CIDRs the guest may reach.
+    pub allow: Vec<IpNet>,
+    /// CIDRs the guest may not reach (deny wins over allow).
+    pub deny: Vec<IpNet>,
+    /// Redirect guest TCP to ports 80 and 443 to the egress proxy on [`GATEWAY`]:[`crate::PROXY_PORT`].
+    pub proxy_tcp: bool,
+    /// Addresses of private-network peers (reachable both ways; the hub must allow the pairs too, see
+    /// [`Plane::set_peer_pairs`]).
+    pub peers: Vec<Ipv4Addr>,
+    /// Further always-denied addresses: the uplink's own ([`Plane::uplink_addresses`]), the daemon's API.
+    pub extra_denied: Vec<IpAddr>,
+    pub guest_link: GuestLink,
+}
+
+/// The data plane over one uplink namespace.
+#[derive(Debug)]
+pub struct Plane {
+    cfg: PlaneConfig,
+    hub: Ipv4Addr,
+    tag: String,
+}
+
+impl Plane {
+    /// Sets up the hub in the uplink namespace (idempotent): IPv4 forwarding on and the table `inet
+    /// hearth_hub` (peer pairs already set are kept).
+    pub fn new(cfg: PlaneConfig) -> Result<Plane, NetError> {
+        let net = cfg.sandbox_net.trunc();
+        if net.prefix_len() > 30 {
+            return Err(NetError::InvalidRange(net));
+        }
+        let meta = std::fs::metadata(&cfg.uplink_netns).map_err(|source| NetError::Io {
+            context: format!("uplink namespace {}", cfg.uplink_netns.display()),
+            source,
+        })?;
+        let tag = format!(
+            "hearth:{:016x}",
+            fnv1a64(format!("{}:{}:{net}", meta.dev(), meta.ino()).as_bytes())
+        );
+        let cfg = PlaneConfig {
+            uplink_netns: cfg.uplink_netns,
+            sandbox_net: net,
+        };
+        let plane = Plane {
+            hub: ruleset::hub_address(net),
+            tag,
+            cfg,
+        };
+        sysctls(&plane.cfg.uplink_netns, &[("ipv4/ip_forward", "1", false)])?;
+        nft(Some(&plane.cfg.uplink_netns), &ruleset::hub_table(net))?;
+        Ok(plane)
+    }
+
+    pub fn config(&self) -> &PlaneConfig {
+        &self.cfg
+    }
+
+    /// The hub address (first host of the sandbox range), the sandboxes' next hop.
+    pub fn hub_address(&self) -> Ipv4Addr {
+        self.hub
+    }
+
+    /// The tag this plane stamps on what it creates (interface alias).
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// Creates the sandbox's namespace, links, routes and table. On error nothing is left behind.
+    pub fn create_sandbox(&self, sb: &SandboxNet) -> Result<(), NetError> {
+        validate_id(&sb.id)?;
+        self.validate_address(sb.address)?;
+        let name = netns_name(&sb.id);
+        if netns_path(&sb.id).exists() {
+            return Err(NetError::Exists(sb.id.clone()));
+        }
+        {
+            let _lock = lock()?;
+            run(None, IP, &["netns", "add", &name], None)?;
+            if let Err(e) = run(
+                None,
+                IP,
+                &["-n", &name, "link", "set", "lo", "alias", &self.tag],
+                None,
+            ) {
+                self.cleanup_after_failure(&sb.id);
+                return Err(e);
+            }
+        }
+        if let Err(e) = self.build(sb) {
+            self.cleanup_after_failure(&sb.id);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn build(&self, sb: &SandboxNet) -> Result<(), NetError> {
+        let name = netns_name(&sb.id);
+        let ns = netns_path(&sb.id);
+        let uplink = Some(self.cfg.uplink_netns.as_path());
+        let hrth = link_name(&sb.id);
+        let hub = self.hub;
+        let addr = sb.address;
+
+        // Defaults first, so the links created below inherit "no IPv6".
+        sysctls(
+            &ns,
+            &[
+                ("ipv6/conf/all/disable_ipv6", "1", true),
+                ("ipv6/conf/default/disable_ipv6", "1", true),
+                ("ipv4/ip_forward", "1", false),
+            ],
+        )?;
+
+        // The uplink pair: `up0` is created straight into the sandbox namespace.
+        ip_batch(
+            uplink,
+            &format!(
+                "link add {hrth} type veth peer name {UPLINK_IF} netns {name}\nlink set {hrth} alias {}\n",
+                self.tag
+            ),
+        )?;
+        sysctls(
+            &self.cfg.uplink_netns,
+            &[(&format!("ipv6/conf/{hrth}/disable_ipv6"), "1", true)],
+        )?;
+        ip_batch(
+            uplink,
+            &format!(
+                "link set {hrth} up\naddr add {hub}/32 dev {hrth}\nroute add {addr}/32 dev {hrth} scope link\n"
+            ),
+        )?;
+
+        // The guest link.
+        let mut script = String::from("link set lo up\n");
+        match &sb.guest_link {
+            GuestLink::Tap => script.push_str(&format!("tuntap add dev {TAP_NAME} mode tap\n")),
+            GuestLink::Veth { guest_netns } => ip_batch(
+                Some(guest_netns),
+                &format!("link add {VETH_GUEST_IF} type veth peer name {TAP_NAME} netns {name}\n"),
+            )?,
+        }
+
+        // Rules before any link is up.
+        self.apply_rules(sb)?;
+
+        script.push_str(&format!(
+            "link set {TAP_NAME} address {GATEWAY_MAC}\n\
+             addr add {GATEWAY}/{GUEST_PREFIX} dev {TAP_NAME}\n\
+             link set {TAP_NAME} up\n\
+             link set {UPLINK_IF} up\n\
+             addr add {addr}/32 dev {UPLINK_IF}\n\
+             route add {hub}/32 dev {UPLINK_IF} scope link\n\
+             route add default via {hub} dev {UPLINK_IF} onlink\n"
+        ));
+        ip_batch(Some(&ns), &script)?;
+
+        if let GuestLink::Veth { guest_netns } = &sb.guest_link {
+            ip_batch(
+                Some(guest_netns),
+                &format!(
+                    "link set {VETH_GUEST_IF} address {GUEST_MAC}\n\
+                     addr add {GUEST_ADDR}/{GUEST_PREFIX} dev {VETH_GUEST_IF}\n\
+                     link set {VETH_GUEST_IF} up\n\
+                     route add default via {GATEWAY} dev {VETH_GUEST_IF}\n"
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn cleanup_after_failure(&self, id: &str) {
+        if let Err(e) = self.teardown(id) {
+            tracing::warn!(sandbox = id, error = %e, "cleaning up a failed sandbox network");
+        }
+    }
+
+    /// Replaces the sandbox's table atomically (policy or peers changed). Effective at once for new
+    /// connections; established ones keep going.
+    pub fn apply_rules(&self, sb: &SandboxNet) -> Result<(), NetError> {
+        validate_id(&sb.id)?;
+        self.validate_address(sb.address)?;
+        nft(
+            Some(&netns_path(&sb.id)),
+            &ruleset::sandbox_table(sb, self.cfg.sandbox_net),
+        )
+    }
+
+    /// Replaces the hub's set of sandbox address pairs that may talk (both directions). Takes effect for every
+    /// packet at once, established connections included.
+    pub fn set_peer_pairs(&self, pairs: &[(Ipv4Addr, Ipv4Addr)]) -> Result<(), NetError> {
+        nft(Some(&self.cfg.uplink_netns), &ruleset::peer_pairs(pairs))
+    }
+
+    /// Removes the sandbox's namespace (with its links and table) and its uplink link. Idempotent.
+    pub fn destroy_sandbox(&self, id: &str) -> Result<(), NetError> {
+        validate_id(id)?;
+        self.teardown(id)
+    }
+
+    fn teardown(&self, id: &str) -> Result<(), NetError> {
+        // Deleting one end of a veth deletes both, at once (a namespace's devices go away asynchronously
+        // after `netns del`, so the links are deleted explicitly first).
+        ignore_missing(run(
+            Some(&self.cfg.uplink_netns),
+            IP,
+            &["link", "del", &link_name(id)],
+            None,
+        ))?;
+        let name = netns_name(id);
+        if netns_path(id).exists() {
+            for dev in [TAP_NAME, UPLINK_IF] {
+                ignore_missing(run(None, IP, &["-n", &name, "link", "del", dev], None))?;
+            }
+            ignore_missing(run(None, IP, &["netns", "del", &name], None))?;
+        }
+        Ok(())
+    }
+
+    /// Removes `hearth-*` namespaces, `hrth*` uplink links and hub peer pairs that belong to this plane but
+    /// to no sandbox in `live`. Returns what it removed (`netns <name>`, `link <name>`, `peer <a> . <b>`).
+    pub fn sweep(&self, live: &HashSet<String>) -> Result<Vec<String>, NetError> {
+        sweep::sweep(self, live)
+    }
+
+    /// Every address of the uplink namespace (to put into [`SandboxNet::extra_denied`]).
+    pub fn uplink_addresses(&self) -> Result<Vec<IpAddr>, NetError> {
+        let v = ip_json(Some(&self.cfg.uplink_netns), &["addr", "show"])?;
+        let mut out = Vec::new();
+        for link in v.as_array().into_iter().flatten() {
+            for a in link["addr_info"].as_array().into_iter().flatten() {
+                if let Some(ip) = a["local"].as_str().and_then(|s| s.parse::<IpAddr>().ok())
+                    && !out.contains(&ip)
+                {
+                    out.push(ip);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn validate_address(&self, address: Ipv4Addr) -> Result<(), NetError> {
+        let net = self.cfg.sandbox_net;
+        if !net.contains(&address)
+            || address == net.network()
+            || address == net.broadcast()
+            || address == self.hub
+        {
+            return Err(NetError::InvalidAddress { address, net });
+        }
+        Ok(())
+    }
+}
+
+/// Name of a sandbox's uplink link in the uplink namespace: `hrth` + 8 hex digits of a hash of the id.
+pub fn link_name(sandbox_id: &str) -> String {
+    format!("hrth{:08x}", fnv1a64(sandbox_id.as_bytes()) as u32)
+}
+
+/// Ids become namespace names and command arguments: letters, digits, `_` and `-` only.
+fn validate_id(id: &str) -> Result<(), NetError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(NetError::InvalidId(id.to_owned()))
+    }
+}
+
+fn ignore_missing(r: Result<String, NetError>) -> Result<(), NetError> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if is_missing(&e) => Ok(()),
+        Err(NetError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn lock() -> Result<Flock<File>, NetError> {
+    let io = |source| NetError::Io {
+        context: format!("lock {LOCK_PATH}"),
+        source,
+    };
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(Path::new(LOCK_PATH))
+        .map_err(io)?;
+    Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io(std::io::Error::from(e)))
+}
+
+/// FNV-1a, 64 bits: stable across builds and platforms (names derived from it must not change).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_names_are_stable_and_short() {
+        let n = link_name("sbx_0123456789abcdef");
+        assert_eq!(n.len(), 12);
+        assert!(n.starts_with("hrth"));
+        assert_eq!(n, link_name("sbx_0123456789abcdef"));
+        assert_ne!(n, link_name("sbx_0123456789abcdee"));
+        // FNV-1a test vector: the empty input hashes to the offset basis.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn ids_that_could_escape_a_name_are_refused() {
+        for bad in ["", "../x", "a b", "a/b", "x\0", "ä", &"a".repeat(65)] {
+            assert!(validate_id(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_id("sbx_0123456789abcdef").is_ok());
+    }
+}
