@@ -36,6 +36,7 @@ pub mod netns;
 pub mod nflog;
 pub mod plane;
 pub mod policy;
+pub mod proxy;
 pub mod ruleset;
 
 /// The guest's own address (same in every sandbox).
