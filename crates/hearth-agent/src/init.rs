@@ -1,4 +1,5 @@
-//! PID 1 duties: mounts, hostname, loopback, signals, kernel command line, console logging.
+//! PID 1 duties: mounts, hostname, loopback, network (see [`crate::net`]), signals, kernel command line,
+//! console logging.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -82,6 +83,8 @@ pub fn setup() {
     if let Err(e) = loopback_up() {
         log(&format!("bringing up lo: {e}"));
     }
+    // The NIC, when the host gave the VM one (`hearth.net=`); failures are logged, never fatal.
+    crate::net::setup();
 }
 
 fn valid_hostname(n: &str) -> bool {

@@ -16,6 +16,7 @@
 //! - `reaper`: the single process-wide SIGCHLD-style reaper that hands exit statuses to their waiters and
 //!   reaps orphans (PID 1 duty).
 //! - [`init`]: PID 1 setup (mounts, hostname, `lo`, kernel command line, logging to the console).
+//! - [`net`]: the guest's NIC (address, default route, resolver) from `hearth.net=` on the command line.
 //! - [`transport`]: serial (virtio-serial port) and vsock listeners, and [`transport::FdStream`].
 //!
 //! The binary (`main.rs`) runs [`init::setup`] then serves the chosen transport forever.
@@ -23,6 +24,7 @@
 mod conn;
 mod files;
 pub mod init;
+pub mod net;
 mod procs;
 mod pty;
 mod reaper;

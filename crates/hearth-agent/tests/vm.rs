@@ -108,6 +108,7 @@ async fn agent_in_a_real_guest() {
         disk,
         run_dir: run.path().to_path_buf(),
         hostname: "agent-vm-test".into(),
+        net: None,
     };
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = Guard {
@@ -252,6 +253,7 @@ fn test_spec(run: &std::path::Path, disk: PathBuf, id: &str, hostname: &str) -> 
         disk,
         run_dir: run.to_path_buf(),
         hostname: hostname.into(),
+        net: None,
     }
 }
 

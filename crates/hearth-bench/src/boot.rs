@@ -35,6 +35,7 @@ pub async fn breakdown(accel: Accel, template: &str, memory_mib: u32) -> Result<
         disk,
         run_dir: run.path().to_path_buf(),
         hostname: "bench".to_owned(),
+        net: None,
     };
     let t0 = Instant::now();
     let vm = vmm.start(&spec).await?;

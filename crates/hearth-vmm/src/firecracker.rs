@@ -12,6 +12,12 @@
 //! - [`snapshot_dir`]: the trait's `snapshot` (pause or checkpoint into a directory) and `restore`;
 //! - [`jailer`]: the optional jailer (chroot, uid/gid, cgroups).
 //!
+//! # Network
+//! With [`VmSpec::net`] the process runs inside the sandbox's network namespace (`setns` before exec, or the
+//! jailer's `--netns`) and is given the tap by name (`PUT /network-interfaces/eth0`). A snapshot records that
+//! name and Firecracker reopens it on load, in whatever namespace the new process runs: every sandbox
+//! namespace names its tap `tap0`, so a snapshot restores (or forks) into any of them.
+//!
 //! # Files in the run directory
 //! `fc.sock` (API), `vsock.sock` (agent channel), `firecracker.log` (Firecracker's stdio: its log and the
 //! guest's serial console), `firecracker.pid`, `rootfs.disk` (a symlink to the sandbox's disk).
@@ -65,6 +71,8 @@ pub const GUEST_CID: u32 = 3;
 
 /// Drive id of the sandbox disk (the initramfs mounts it; it is not the kernel's root device).
 const ROOT_DRIVE: &str = "rootfs";
+/// Interface id of the guest's NIC in Firecracker's API.
+pub const GUEST_IFACE: &str = "eth0";
 
 /// Timeouts of the driver's steps.
 #[derive(Debug, Clone, Copy)]
@@ -185,11 +193,16 @@ impl FirecrackerVmm {
             .collect()
     }
 
-    fn boot_args(hostname: &str) -> String {
-        format!(
+    fn boot_args(hostname: &str, net: bool) -> String {
+        let mut args = format!(
             "console=ttyS0 reboot=k panic=-1 pci=off quiet hearth.transport=vsock \
              hearth.vsock_port={AGENT_VSOCK_PORT} hearth.hostname={hostname}"
-        )
+        );
+        if net {
+            args.push(' ');
+            args.push_str(&crate::net_kernel_arg());
+        }
+        args
     }
 
     /// Spawns Firecracker (directly or jailed) and returns it with the paths Firecracker must be given.
@@ -231,8 +244,9 @@ impl FirecrackerVmm {
                 let jail = jailer::Jail::new(run, &self.binary, iid);
                 jail.populate(cfg, &spec.images.vmlinux, &spec.images.initramfs, &spec.disk)
                     .map_err(|e| start_failed(format!("preparing the jail: {e}")))?;
+                let netns = spec.net.as_ref().map(|n| n.netns.as_path());
                 let args = jail
-                    .args(cfg, &self.binary, iid, &["--api-sock", jailer::API_SOCKET])
+                    .args(cfg, &self.binary, iid, netns, &["--api-sock", jailer::API_SOCKET])
                     .map_err(|e| start_failed(e.to_string()))?;
                 let paths = GuestPaths {
                     kernel: jailer::KERNEL.into(),
@@ -243,14 +257,20 @@ impl FirecrackerVmm {
                 (&cfg.jailer, args, paths)
             }
         };
-        // Unjailed: relative paths resolve in the run directory. Jailed: the jailer chroots and chdirs.
+        // Unjailed: relative paths resolve in the run directory, and the process starts in the VM's network
+        // namespace. Jailed: the jailer chroots, chdirs and joins the namespace itself (`--netns`).
         let cwd = self.jailer.is_none().then_some(run.as_path());
-        let proc_id =
-            process::spawn_detached_in(program, &args, &log, cwd).map_err(|e| start_failed(e.to_string()))?;
+        let netns = spec
+            .net
+            .as_ref()
+            .filter(|_| self.jailer.is_none())
+            .map(|n| n.netns.as_path());
+        let proc_id = process::spawn_detached_in(program, &args, &log, cwd, netns)
+            .map_err(|e| start_failed(e.to_string()))?;
         Ok((proc_id, paths))
     }
 
-    /// Everything after the API socket is up: machine, boot source, disk, vsock, entropy, start.
+    /// Everything after the API socket is up: machine, boot source, disk, vsock, NIC, entropy, start.
     async fn configure(
         &self,
         api: &ApiClient,
@@ -267,7 +287,7 @@ impl FirecrackerVmm {
         api.put_boot_source(api::BootSource {
             kernel_image_path: paths.kernel.clone(),
             initrd_path: Some(paths.initramfs.clone()),
-            boot_args: Some(Self::boot_args(&spec.hostname)),
+            boot_args: Some(Self::boot_args(&spec.hostname, spec.net.is_some())),
         })
         .await?;
         api.put_drive(api::Drive {
@@ -282,6 +302,16 @@ impl FirecrackerVmm {
             uds_path: paths.vsock.clone(),
         })
         .await?;
+        if let Some(net) = &spec.net {
+            // The tap is opened by name in the process's namespace; a snapshot records the name and reopens it
+            // on load, so restores go into a namespace with the same tap name.
+            api.put_network_interface(api::NetworkInterface {
+                iface_id: GUEST_IFACE.into(),
+                host_dev_name: net.tap.clone(),
+                guest_mac: Some(net.guest_mac.clone()),
+            })
+            .await?;
+        }
         // virtio-rng: the guest can reseed from the host (clones need fresh entropy, promise 10).
         api.send(&api::Request::Entropy).await?;
         api.instance_start().await
@@ -303,6 +333,9 @@ impl FirecrackerVmm {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
         {
             return Err(start_failed(format!("invalid hostname {:?}", spec.hostname)));
+        }
+        if let Some(net) = &spec.net {
+            net.validate().map_err(start_failed)?;
         }
         if !run.is_dir() {
             return Err(start_failed(format!("run directory {} missing", run.display())));
@@ -626,10 +659,13 @@ mod tests {
 
     #[test]
     fn boot_args_name_the_vsock_transport() {
-        let args = FirecrackerVmm::boot_args("box-1");
+        let args = FirecrackerVmm::boot_args("box-1", false);
         assert!(args.contains("hearth.transport=vsock"));
         assert!(args.contains("hearth.vsock_port=1024"));
         assert!(args.ends_with("hearth.hostname=box-1"));
         assert!(args.starts_with("console=ttyS0 "));
+        assert!(!args.contains("hearth.net="));
+        let with_net = FirecrackerVmm::boot_args("box-1", true);
+        assert!(with_net.ends_with("hearth.hostname=box-1 hearth.net=172.16.0.2/30,172.16.0.1,172.16.0.1"));
     }
 }

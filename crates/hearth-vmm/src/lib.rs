@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`Vmm`]: what the daemon asks of any VMM (prepare a disk, start, connect to the agent, stop, adopt).
+//! - [`VmSpec`], [`NetAttach`]: what one VM is made of, including its NIC (a tap in a network namespace).
 //! - [`qemu`]: QEMU `microvm` driver (KVM when usable, TCG otherwise).
 //! - [`firecracker`]: Firecracker driver over its REST API on a Unix socket.
 //! - [`detect`]: host probe (KVM, PVM, binaries) and the `auto` choice with its reason.
@@ -77,6 +78,79 @@ pub struct VmSpec {
     pub run_dir: PathBuf,
     /// Guest hostname (passed on the kernel command line as `hearth.hostname=`).
     pub hostname: String,
+    /// The guest's network interface, if it has one (see [`NetAttach`]).
+    pub net: Option<NetAttach>,
+}
+
+/// The guest's NIC: a virtio-net device backed by a tap that already exists inside a network namespace
+/// (hearth-net's contract: `/run/netns/hearth-<id>` holding a persistent `tap0`). The guest configures its
+/// address, route and resolver from the kernel command line ([`net_kernel_arg`]).
+///
+/// QEMU: the driver opens the tap inside the namespace and hands QEMU the descriptor (QEMU runs chrooted
+/// and unprivileged). Firecracker: the process runs inside the namespace and opens the tap by name, which is
+/// also what a restored snapshot does, so a snapshot restores into any namespace that names its tap the same.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NetAttach {
+    /// The network namespace holding the tap (a file such as `/run/netns/hearth-<id>`).
+    pub netns: PathBuf,
+    /// The tap's name inside that namespace (`tap0`).
+    pub tap: String,
+    /// MAC address of the guest's NIC (`02:68:72:74:68:02`).
+    pub guest_mac: String,
+}
+
+impl NetAttach {
+    /// The NIC of sandbox `id` as hearth-net lays it out: its namespace, `tap0`, the fixed guest MAC.
+    pub fn for_sandbox(id: &str) -> Self {
+        NetAttach {
+            netns: hearth_net::netns_path(id),
+            tap: hearth_net::TAP_NAME.to_string(),
+            guest_mac: hearth_net::GUEST_MAC.to_string(),
+        }
+    }
+
+    /// Checks what ends up in VMM arguments and API bodies: an interface name the kernel accepts and a
+    /// unicast MAC in `aa:bb:cc:dd:ee:ff` form (so neither can inject QEMU options).
+    pub fn validate(&self) -> Result<(), String> {
+        let tap_ok = (1..16).contains(&self.tap.len())
+            && self
+                .tap
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && self.tap != "."
+            && self.tap != "..";
+        if !tap_ok {
+            return Err(format!("invalid tap name {:?}", self.tap));
+        }
+        let octets: Vec<&str> = self.guest_mac.split(':').collect();
+        let mac_ok = octets.len() == 6
+            && octets
+                .iter()
+                .all(|o| o.len() == 2 && o.bytes().all(|b| b.is_ascii_hexdigit()));
+        let unicast = u8::from_str_radix(octets[0], 16).is_ok_and(|b| b & 1 == 0);
+        if !mac_ok || !unicast {
+            return Err(format!("invalid guest MAC {:?}", self.guest_mac));
+        }
+        if !self.netns.is_absolute() {
+            return Err(format!(
+                "network namespace path {} is not absolute",
+                self.netns.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The kernel command line word that tells the guest agent its network configuration:
+/// `hearth.net=<guest addr>/<prefix>,<gateway>,<dns>` (the resolver is the gateway, see hearth-net).
+pub fn net_kernel_arg() -> String {
+    format!(
+        "hearth.net={}/{},{},{}",
+        hearth_net::GUEST_ADDR,
+        hearth_net::GUEST_PREFIX,
+        hearth_net::GATEWAY,
+        hearth_net::GATEWAY
+    )
 }
 
 /// What the daemon persists about a started VM, enough to find it again after a restart.
@@ -226,6 +300,41 @@ pub fn process_start_ticks(pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn net_attach_of_a_sandbox_and_its_validation() {
+        let net = NetAttach::for_sandbox("sbx_0123456789abcdef");
+        assert_eq!(net.netns, PathBuf::from("/run/netns/hearth-sbx_0123456789abcdef"));
+        assert_eq!(net.tap, "tap0");
+        assert_eq!(net.guest_mac, "02:68:72:74:68:02");
+        assert_eq!(net.validate(), Ok(()));
+        for tap in ["", "a,b", "tap0 x", "0123456789abcdef", "..", "a/b"] {
+            let bad = NetAttach {
+                tap: tap.into(),
+                ..net.clone()
+            };
+            assert!(bad.validate().is_err(), "{tap:?}");
+        }
+        for mac in [
+            "",
+            "02:68:72:74:68",
+            "02:68:72:74:68:02,id=x",
+            "03:68:72:74:68:02",
+            "zz:68:72:74:68:02",
+        ] {
+            let bad = NetAttach {
+                guest_mac: mac.into(),
+                ..net.clone()
+            };
+            assert!(bad.validate().is_err(), "{mac:?}");
+        }
+        let relative = NetAttach {
+            netns: "netns/x".into(),
+            ..net
+        };
+        assert!(relative.validate().is_err());
+        assert_eq!(net_kernel_arg(), "hearth.net=172.16.0.2/30,172.16.0.1,172.16.0.1");
+    }
 
     #[test]
     fn start_ticks_of_self() {

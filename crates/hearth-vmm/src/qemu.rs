@@ -30,6 +30,11 @@
 //! QEMU exits first its stderr is the error), attaches the console reader, then sends `cont`, so no console
 //! output is lost.
 //!
+//! Network (`tap.rs`): with [`VmSpec::net`] the driver opens the sandbox's tap inside its network namespace
+//! and QEMU inherits the descriptor (`-netdev tap,fd=N` + `virtio-net-device`); the guest learns its address
+//! from `hearth.net=` on the kernel command line. Every launch (boot, resume, fork) attaches a fresh
+//! descriptor to the tap, which outlives the QEMU processes.
+//!
 //! Snapshots (`snapshot.rs`): QEMU cannot open host files once chrooted and unprivileged, so the driver opens
 //! the state file and hands it over with [`qmp::Qmp::add_fd`]; `stop`, `migrate` to `file:/dev/fdset/<id>`,
 //! wait, then `cont` (checkpoint) or quit (pause). Restore starts QEMU with `-incoming defer` and loads the file
@@ -39,6 +44,7 @@ pub mod console;
 mod launch;
 pub mod qmp;
 mod snapshot;
+mod tap;
 mod tsc;
 
 use launch::Boot;
@@ -49,6 +55,7 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -143,8 +150,9 @@ impl QemuVmm {
         &self.binary
     }
 
-    /// QEMU's arguments for `spec` (without the binary).
-    pub fn command_line(&self, spec: &VmSpec) -> Result<Vec<OsString>, VmmError> {
+    /// QEMU's arguments for `spec` (without the binary). `tap_fd` is the descriptor QEMU inherits for the
+    /// guest's NIC, required when `spec.net` is set (see `tap`).
+    pub fn command_line(&self, spec: &VmSpec, tap_fd: Option<RawFd>) -> Result<Vec<OsString>, VmmError> {
         let bad = |detail: String| VmmError::StartFailed {
             id: spec.id.clone(),
             detail,
@@ -165,6 +173,14 @@ impl QemuVmm {
             }
         }
         let opt = |p: &Path| opt_path(p).map_err(bad);
+        let net = match (&spec.net, tap_fd) {
+            (None, _) => None,
+            (Some(net), Some(fd)) => {
+                net.validate().map_err(bad)?;
+                Some((net, fd))
+            }
+            (Some(_), None) => return Err(bad("a network interface needs the tap's descriptor".to_string())),
+        };
 
         let mut append = String::from("console=ttyS0 reboot=k panic=-1 pci=off quiet");
         if let Some(khz) = host_tsc_khz() {
@@ -175,6 +191,10 @@ impl QemuVmm {
             " hearth.transport=serial hearth.hostname={}",
             spec.hostname
         ));
+        if net.is_some() {
+            append.push(' ');
+            append.push_str(&crate::net_kernel_arg());
+        }
 
         let (accel, cpu) = match self.accel {
             Accel::Kvm => ("kvm", "host"),
@@ -241,6 +261,17 @@ impl QemuVmm {
             "-pidfile".into(),
             path_str(&files.pid_file).map_err(bad)?,
         ];
+        if let Some((net, fd)) = net {
+            // Last, so that VMs without a NIC keep their device layout (and their snapshots stay loadable).
+            // The migration stream carries the device's state; a restored QEMU gets a fresh descriptor on the
+            // same tap.
+            args.extend([
+                "-netdev".into(),
+                format!("tap,id=net0,fd={fd}"),
+                "-device".into(),
+                format!("virtio-net-device,netdev=net0,mac={}", net.guest_mac),
+            ]);
+        }
         if self.drop_privileges {
             let uid = vm_uid(&spec.id);
             args.push("-run-with".into());
@@ -555,11 +586,12 @@ mod tests {
             disk: run.join("disk.qcow2"),
             run_dir: run.to_path_buf(),
             hostname: "sbx-1".into(),
+            net: None,
         }
     }
 
     fn args_of(vmm: &QemuVmm, s: &VmSpec) -> Vec<String> {
-        vmm.command_line(s)
+        vmm.command_line(s, None)
             .expect("command line")
             .into_iter()
             .map(|a| a.into_string().expect("utf-8"))
@@ -608,6 +640,51 @@ mod tests {
     }
 
     #[test]
+    fn a_nic_is_the_last_device_and_its_config_goes_on_the_command_line() {
+        let vmm = QemuVmm::new(Accel::Tcg, "/usr/bin/qemu-system-x86_64".into(), "v".into());
+        let mut s = spec(Path::new("/r"));
+        let plain = args_of(&vmm, &s);
+        assert!(!plain.join(" ").contains("hearth.net="));
+        assert!(!plain.iter().any(|a| a == "-netdev"));
+        s.net = Some(crate::NetAttach::for_sandbox(&s.id));
+        assert!(matches!(
+            vmm.command_line(&s, None),
+            Err(VmmError::StartFailed { .. })
+        ));
+        let a: Vec<String> = vmm
+            .command_line(&s, Some(7))
+            .expect("command line")
+            .into_iter()
+            .map(|a| a.into_string().expect("utf-8"))
+            .collect();
+        let n = a.len();
+        assert_eq!(
+            a[n - 4..],
+            [
+                "-netdev",
+                "tap,id=net0,fd=7",
+                "-device",
+                "virtio-net-device,netdev=net0,mac=02:68:72:74:68:02"
+            ]
+        );
+        // Everything before the NIC is what a VM without one gets (snapshots keep their device layout).
+        assert_eq!(a[..n - 4].len(), plain.len());
+        let append = &a[a.iter().position(|x| x == "-append").expect("append") + 1];
+        assert!(
+            append.ends_with(" hearth.net=172.16.0.2/30,172.16.0.1,172.16.0.1"),
+            "{append}"
+        );
+        s.net = Some(crate::NetAttach {
+            guest_mac: "02:00:00:00:00:01,romfile=/x".into(),
+            ..crate::NetAttach::for_sandbox(&s.id)
+        });
+        assert!(matches!(
+            vmm.command_line(&s, Some(7)),
+            Err(VmmError::StartFailed { .. })
+        ));
+    }
+
+    #[test]
     fn commas_in_paths_cannot_inject_options() {
         let vmm = QemuVmm::new(Accel::Tcg, "/usr/bin/qemu-system-x86_64".into(), "v".into());
         let a = args_of(&vmm, &spec(Path::new("/run/a,b=c")));
@@ -622,10 +699,13 @@ mod tests {
         let vmm = QemuVmm::new(Accel::Tcg, "/usr/bin/qemu-system-x86_64".into(), "v".into());
         let mut s = spec(Path::new("/r"));
         s.hostname = "a b init=/bin/sh".into();
-        assert!(matches!(vmm.command_line(&s), Err(VmmError::StartFailed { .. })));
+        assert!(matches!(
+            vmm.command_line(&s, None),
+            Err(VmmError::StartFailed { .. })
+        ));
         let long = PathBuf::from(format!("/{}", "x".repeat(120)));
         assert!(matches!(
-            vmm.command_line(&spec(&long)),
+            vmm.command_line(&spec(&long), None),
             Err(VmmError::StartFailed { .. })
         ));
     }

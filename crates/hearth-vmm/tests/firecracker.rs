@@ -360,6 +360,7 @@ async fn vm_survives_the_death_of_the_process_that_started_it() {
             disk,
             run_dir,
             hostname: "adopted".into(),
+            net: None,
         };
         let vm = vmm.start(&spec).await.expect("start");
         let json = serde_json::to_vec(&vm).expect("handle json");

@@ -59,6 +59,7 @@ fn spec(run: &Path, disk: PathBuf, hostname: &str) -> VmSpec {
         disk,
         run_dir: run.to_path_buf(),
         hostname: hostname.to_string(),
+        net: None,
     }
 }
 

@@ -53,6 +53,16 @@ pub struct Vsock {
     pub uds_path: PathBuf,
 }
 
+/// `PUT /network-interfaces/{iface_id}`: a virtio-net device backed by the tap `host_dev_name`, which
+/// Firecracker opens by name in its own network namespace (at start, and again on snapshot load).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct NetworkInterface {
+    pub iface_id: String,
+    pub host_dev_name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_mac: Option<String>,
+}
+
 /// `PUT /logger`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Logger {
@@ -152,6 +162,7 @@ pub enum Request {
     BootSource(BootSource),
     Drive(Drive),
     Vsock(Vsock),
+    NetworkInterface(NetworkInterface),
     Logger(Logger),
     Metrics(Metrics),
     /// `PUT /entropy` with an empty body: a virtio-rng device fed from the host.
@@ -173,6 +184,7 @@ impl Request {
             Request::BootSource(_) => put("/boot-source"),
             Request::Drive(d) => (Method::Put, format!("/drives/{}", d.drive_id)),
             Request::Vsock(_) => put("/vsock"),
+            Request::NetworkInterface(n) => (Method::Put, format!("/network-interfaces/{}", n.iface_id)),
             Request::Logger(_) => put("/logger"),
             Request::Metrics(_) => put("/metrics"),
             Request::Entropy => put("/entropy"),
@@ -191,6 +203,7 @@ impl Request {
             Request::BootSource(b) => serde_json::to_vec(b),
             Request::Drive(b) => serde_json::to_vec(b),
             Request::Vsock(b) => serde_json::to_vec(b),
+            Request::NetworkInterface(b) => serde_json::to_vec(b),
             Request::Logger(b) => serde_json::to_vec(b),
             Request::Metrics(b) => serde_json::to_vec(b),
             Request::Entropy => Ok(b"{}".to_vec()),
@@ -337,6 +350,10 @@ impl ApiClient {
         self.send(&Request::Vsock(vsock)).await.map(drop)
     }
 
+    pub async fn put_network_interface(&self, iface: NetworkInterface) -> Result<(), ApiError> {
+        self.send(&Request::NetworkInterface(iface)).await.map(drop)
+    }
+
     pub async fn put_logger(&self, logger: Logger) -> Result<(), ApiError> {
         self.send(&Request::Logger(logger)).await.map(drop)
     }
@@ -449,6 +466,16 @@ mod tests {
             })
         );
         assert_eq!(Request::DescribeInstance.body().expect("encodes"), None);
+        let nic = Request::NetworkInterface(NetworkInterface {
+            iface_id: "eth0".into(),
+            host_dev_name: "tap0".into(),
+            guest_mac: Some("02:68:72:74:68:02".into()),
+        });
+        assert_eq!(nic.route(), (Method::Put, "/network-interfaces/eth0".into()));
+        assert_eq!(
+            body_json(&nic),
+            serde_json::json!({"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "02:68:72:74:68:02"})
+        );
     }
 
     #[test]

@@ -144,12 +144,14 @@ impl Jail {
         Ok(())
     }
 
-    /// Jailer arguments; `firecracker_args` go after `--` to Firecracker.
+    /// Jailer arguments; `firecracker_args` go after `--` to Firecracker. `netns` (the VM's own namespace,
+    /// from [`crate::NetAttach`]) takes precedence over [`JailerConfig::netns`].
     pub fn args(
         &self,
         cfg: &JailerConfig,
         firecracker: &Path,
         instance_id: &str,
+        netns: Option<&Path>,
         firecracker_args: &[&str],
     ) -> Result<Vec<OsString>, JailError> {
         let mut args: Vec<OsString> = vec![
@@ -173,8 +175,8 @@ impl Jail {
         if let Some(parent) = &cfg.parent_cgroup {
             args.extend(["--parent-cgroup".into(), parent.into()]);
         }
-        if let Some(netns) = &cfg.netns {
-            args.extend(["--netns".into(), netns.clone().into()]);
+        if let Some(netns) = netns.or(cfg.netns.as_deref()) {
+            args.extend(["--netns".into(), netns.into()]);
         }
         for setting in &cfg.cgroups {
             let valid = setting.split_once('=').is_some_and(|(file, value)| {
@@ -267,6 +269,7 @@ mod tests {
                 &cfg,
                 Path::new("/opt/fc/firecracker"),
                 "sbx-1",
+                None,
                 &["--api-sock", API_SOCKET],
             )
             .expect("valid");
@@ -276,9 +279,22 @@ mod tests {
         assert!(joined.contains("--chroot-base-dir /r/jail"));
         assert!(joined.contains("--cgroup cpu.weight=100"));
         assert!(joined.ends_with("-- --api-sock /run/fc.sock"));
+        assert!(!joined.contains("--netns"));
+        // The VM's own namespace wins over the configured one.
+        cfg.netns = Some("/run/netns/shared".into());
+        let with_ns = |vm_ns: Option<&Path>| {
+            jail.args(&cfg, Path::new("/f"), "x", vm_ns, &[])
+                .expect("valid")
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert!(with_ns(None).contains("--netns /run/netns/shared --"));
+        assert!(with_ns(Some(Path::new("/run/netns/hearth-x"))).contains("--netns /run/netns/hearth-x --"));
         for bad in ["cpu.weight", "=1", "../x=1", "cpu.weight="] {
             cfg.cgroups = vec![bad.into()];
-            assert!(jail.args(&cfg, Path::new("/f"), "x", &[]).is_err(), "{bad}");
+            assert!(jail.args(&cfg, Path::new("/f"), "x", None, &[]).is_err(), "{bad}");
         }
     }
 

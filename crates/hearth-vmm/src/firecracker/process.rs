@@ -25,6 +25,9 @@ pub enum ProcessError {
     /// The log file could not be opened.
     #[error("log file {path}: {source}")]
     Log { path: PathBuf, source: std::io::Error },
+    /// The network namespace to run in could not be opened.
+    #[error("network namespace {path}: {source}")]
+    Netns { path: PathBuf, source: std::io::Error },
     /// The program could not be executed.
     #[error("spawn {program}: {source}")]
     Spawn {
@@ -49,28 +52,40 @@ pub enum ProcessError {
     Signal { pid: u32, source: nix::Error },
 }
 
-/// [`spawn_detached_in`] without a working directory (tests).
+/// [`spawn_detached_in`] without a working directory or network namespace (tests).
 #[cfg(test)]
 pub fn spawn_detached(
     program: &Path,
     args: &[std::ffi::OsString],
     log: &Path,
 ) -> Result<ProcessId, ProcessError> {
-    spawn_detached_in(program, args, log, None)
+    spawn_detached_in(program, args, log, None, None)
 }
 
 /// Spawns `program args` in a new session with stdin from /dev/null and stdout+stderr appended to `log`, in
-/// the working directory `cwd` when given (relative paths given to the program resolve there).
+/// the working directory `cwd` when given (relative paths given to the program resolve there), inside the
+/// network namespace `netns` when given (a file such as `/run/netns/<name>`).
 pub fn spawn_detached_in(
     program: &Path,
     args: &[std::ffi::OsString],
     log: &Path,
     cwd: Option<&Path>,
+    netns: Option<&Path>,
 ) -> Result<ProcessId, ProcessError> {
     let log_err = |source| ProcessError::Log {
         path: log.to_path_buf(),
         source,
     };
+    // Opened here: the child may only make async-signal-safe calls between fork and exec (setns is one).
+    let netns = netns
+        .map(|path| {
+            File::open(path).map_err(|source| ProcessError::Netns {
+                path: path.to_path_buf(),
+                source,
+            })
+        })
+        .transpose()?;
+    let netns_fd = netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     let out = File::options()
         .create(true)
         .append(true)
@@ -87,11 +102,17 @@ pub fn spawn_detached_in(
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
-    // SAFETY: the closure runs in the forked child before exec and only calls setsid(2), which is
-    // async-signal-safe and touches no memory shared with the parent.
+    // SAFETY: the closure runs in the forked child before exec and only calls setsid(2) and setns(2), which
+    // are async-signal-safe and touch no memory shared with the parent; the namespace file stays open in the
+    // parent until after the spawn.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if let Some(fd) = netns_fd
+                && libc::setns(fd, libc::CLONE_NEWNET) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }
@@ -99,6 +120,7 @@ pub fn spawn_detached_in(
         program: program.to_path_buf(),
         source,
     })?;
+    drop(netns);
     let pid = child.id().ok_or_else(|| ProcessError::ExitedEarly {
         log_tail: log_tail(log),
     })?;

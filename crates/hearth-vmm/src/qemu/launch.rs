@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::qmp::Qmp;
-use super::{QMP_TIMEOUT, QemuVmm, RunFiles, START_TIMEOUT, STOP_STEP, log_tail, snapshot, vm_uid};
+use super::{QMP_TIMEOUT, QemuVmm, RunFiles, START_TIMEOUT, STOP_STEP, log_tail, snapshot, tap, vm_uid};
 use crate::{VmHandle, VmSpec, VmmError, VmmKind, process_start_ticks};
 
 /// How a launched QEMU gets its guest going.
@@ -36,7 +37,18 @@ impl QemuVmm {
                 detail: "no such file".to_string(),
             });
         }
-        let mut args = self.command_line(spec)?;
+        // The guest's NIC: a descriptor on the sandbox's tap, opened here (QEMU cannot) and inherited by QEMU.
+        let tap = match &spec.net {
+            None => None,
+            Some(net) => {
+                net.validate().map_err(failed)?;
+                let fd = tap::open_tap(&net.netns, &net.tap)
+                    .map_err(|e| failed(format!("tap {} in {}: {e}", net.tap, net.netns.display())))?;
+                Some(fd)
+            }
+        };
+        let tap_fd = tap.as_ref().map(AsRawFd::as_raw_fd);
+        let mut args = self.command_line(spec, tap_fd)?;
         if matches!(boot, Boot::Incoming(_)) {
             args.extend(["-incoming", "defer"].map(OsString::from));
         }
@@ -79,17 +91,25 @@ impl QemuVmm {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2));
-        // SAFETY: runs in the forked child before exec; setsid(2) is async-signal-safe and touches no memory
-        // shared with the parent.
+        // The tap descriptor is close-on-exec like every descriptor here; the child alone clears that flag
+        // (after the fork), so no other process spawned meanwhile inherits it.
+        // SAFETY: runs in the forked child before exec; setsid(2) and fcntl(2) are async-signal-safe and touch no
+        // memory shared with the parent.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if let Some(fd) = tap_fd
+                    && libc::fcntl(fd, libc::F_SETFD, 0) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| failed(format!("spawn {}: {e}", self.binary.display())))?;
+        let spawned = cmd.spawn();
+        // QEMU holds its own copy now; ours would keep the tap attached after QEMU exits.
+        drop(tap);
+        let mut child = spawned.map_err(|e| failed(format!("spawn {}: {e}", self.binary.display())))?;
         let pid = child.id();
         let start_ticks = process_start_ticks(pid);
         // Reap QEMU whenever it exits while we live; report the exit to the readiness loop below.

@@ -226,6 +226,7 @@ impl Sandbox {
             disk,
             run_dir: self.dir.clone(),
             hostname: "fc-test".into(),
+            net: None,
         }
     }
 

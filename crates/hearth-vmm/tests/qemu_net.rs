@@ -1,0 +1,361 @@
+//! The guest's NIC under QEMU (TCG), end to end: a network namespace made by the test holds `tap0` (the
+//! gateway side, as hearth-net lays out every sandbox namespace) and an HTTP test host on the gateway
+//! address; the VM gets the tap (`VmSpec::net`), its agent configures eth0 from `hearth.net=`, and a program
+//! in the guest fetches a page from the test host. Then the VM is paused (QEMU exits) and resumed in a fresh
+//! QEMU on the same tap, and the guest reaches the test host again.
+//!
+//! Needs root (namespaces, taps) and the images from `images/build.sh` (whose initramfs carries the agent
+//! of this checkout: rebuild them after changing the agent). Traffic stays inside the test's namespace.
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hearth_proto::ExecRequest;
+use hearth_proto::client::{AgentClient, ExecEvent};
+use hearth_vmm::qemu::QemuVmm;
+use hearth_vmm::{Accel, BootImages, NetAttach, SnapshotMode, VmHandle, VmSpec, Vmm};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+const HTTP_PORT: u16 = 8080;
+
+fn images_dir() -> PathBuf {
+    std::env::var_os("HEARTH_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/hearth/images"))
+}
+
+fn require(path: PathBuf) -> PathBuf {
+    assert!(
+        path.exists(),
+        "{} is missing: build the guest images with `images/build.sh`",
+        path.display()
+    );
+    path
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ip_out(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A network namespace laid out like a sandbox's (`tap0` = gateway, with the gateway's fixed MAC), deleted
+/// on drop (the tap goes with it).
+struct TestNetns {
+    name: String,
+    path: PathBuf,
+}
+
+impl TestNetns {
+    fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let name = format!(
+            "hxt-nic-{:05x}{:05x}",
+            std::process::id() & 0xfffff,
+            nanos & 0xfffff
+        );
+        ip(&["netns", "add", &name]);
+        let ns = TestNetns {
+            path: PathBuf::from("/run/netns").join(&name),
+            name,
+        };
+        let gw = format!("{}/{}", hearth_net::GATEWAY, hearth_net::GUEST_PREFIX);
+        let n = ns.name.as_str();
+        let tap = hearth_net::TAP_NAME;
+        ip(&["-n", n, "link", "set", "lo", "up"]);
+        ip(&["-n", n, "tuntap", "add", "dev", tap, "mode", "tap"]);
+        ip(&[
+            "-n",
+            n,
+            "link",
+            "set",
+            "dev",
+            tap,
+            "address",
+            hearth_net::GATEWAY_MAC,
+        ]);
+        ip(&["-n", n, "addr", "add", &gw, "dev", tap]);
+        ip(&["-n", n, "link", "set", "dev", tap, "up"]);
+        ns
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// Requests the test host answered: (peer, request line).
+type Served = Arc<Mutex<Vec<(SocketAddr, String)>>>;
+
+/// An HTTP/1.0 test host on the gateway address inside `ns`: answers every request with `hello <path>`.
+fn serve_http(ns: &Path) -> Served {
+    let addr = SocketAddr::V4(SocketAddrV4::new(hearth_net::GATEWAY, HTTP_PORT));
+    let std_listener = hearth_net::netns::tcp_listener(ns, addr).expect("listener in the test namespace");
+    let listener = tokio::net::TcpListener::from_std(std_listener).expect("tokio listener");
+    let served: Served = Arc::default();
+    let log = served.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, peer)) = listener.accept().await else {
+                return;
+            };
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 * 1024 {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&req);
+                let line = text.lines().next().unwrap_or_default().to_string();
+                let path = line.split(' ').nth(1).unwrap_or("?").to_string();
+                log.lock().expect("log").push((peer, line));
+                let body = format!("hello {path}\n");
+                let resp = format!(
+                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    served
+}
+
+/// Kills the VM even when an assertion fails half-way.
+struct Guard<'a> {
+    vmm: &'a QemuVmm,
+    vm: Option<VmHandle>,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if let Some(vm) = self.vm.take()
+            && self.vmm.is_alive(&vm)
+            && let Ok(pid) = i32::try_from(vm.pid)
+        {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+fn console(vm: &VmHandle) -> String {
+    std::fs::read_to_string(vm.run_dir.join("console.log")).unwrap_or_default()
+}
+
+async fn wait_agent(vmm: &QemuVmm, vm: &VmHandle) -> AgentClient {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let attempt = async {
+            let stream = vmm.connect_agent(vm).await.map_err(|e| e.to_string())?;
+            AgentClient::connect(stream, Duration::from_secs(10))
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match attempt.await {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "agent not ready: {e}\n{}", console(vm));
+                assert!(vmm.is_alive(vm), "qemu died\n{}", console(vm));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Runs a shell line in the guest: (exit code, stdout + stderr).
+async fn sh(c: &AgentClient, line: &str) -> (Option<i32>, String) {
+    let req = ExecRequest::shell(line).timeout(Duration::from_secs(60));
+    let mut h = c.exec(req).await.expect("exec");
+    let mut out = Vec::new();
+    loop {
+        match h.next_event().await.expect("event") {
+            ExecEvent::Stdout(d) | ExecEvent::Stderr(d) => out.extend_from_slice(&d),
+            ExecEvent::Exited { code, .. } => return (code, String::from_utf8_lossy(&out).into_owned()),
+            ExecEvent::Error(e) => panic!("{line}: {e}"),
+        }
+    }
+}
+
+async fn out(c: &AgentClient, line: &str) -> String {
+    let (code, text) = sh(c, line).await;
+    assert_eq!(code, Some(0), "{line}: {text}");
+    text.trim().to_owned()
+}
+
+/// Fetches `http://<gateway>:8080/<path>` from inside the guest with busybox wget (the minimal image has no
+/// `wget` link, and its `-T` crashes busybox 1.35; the exec's timeout bounds it instead).
+async fn fetch(c: &AgentClient, path: &str) -> String {
+    out(
+        c,
+        &format!(
+            "busybox wget -q -O - http://{}:{HTTP_PORT}/{path}",
+            hearth_net::GATEWAY
+        ),
+    )
+    .await
+}
+
+fn assert_served_from_guest(served: &Served, path: &str) {
+    let log = served.lock().expect("log").clone();
+    let hit = log
+        .iter()
+        .find(|(_, line)| line.starts_with(&format!("GET /{path} ")))
+        .unwrap_or_else(|| panic!("the test host never saw /{path}: {log:?}"));
+    assert_eq!(
+        hit.0.ip(),
+        std::net::IpAddr::V4(hearth_net::GUEST_ADDR),
+        "{log:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
+    let images = images_dir();
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let ns = TestNetns::new();
+    let served = serve_http(&ns.path);
+
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images.join("rootfs/minimal.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let spec = VmSpec {
+        id: "sbx_00000000000000ee".into(),
+        vcpus: 1,
+        memory_mib: 256,
+        images: BootImages {
+            vmlinuz: require(images.join("vmlinuz")),
+            vmlinux: images.join("vmlinux"),
+            initramfs: require(images.join("initramfs.cpio.gz")),
+        },
+        disk: disk.clone(),
+        run_dir: run.path().to_path_buf(),
+        hostname: "nic-test".into(),
+        net: Some(NetAttach {
+            netns: ns.path.clone(),
+            tap: hearth_net::TAP_NAME.into(),
+            guest_mac: hearth_net::GUEST_MAC.into(),
+        }),
+    };
+    let vm = vmm.start(&spec).await.expect("start");
+    let mut guard = Guard {
+        vmm: &vmm,
+        vm: Some(vm.clone()),
+    };
+    let c = wait_agent(&vmm, &vm).await;
+
+    // The guest's own view, without `ip`: its MAC, address, default route and resolver.
+    assert_eq!(
+        out(&c, "cat /sys/class/net/eth0/address").await,
+        hearth_net::GUEST_MAC
+    );
+    let route = out(&c, "cat /proc/net/route").await;
+    // Destination 0.0.0.0, gateway 172.16.0.1 (little-endian hex), flags UP|GATEWAY.
+    assert!(
+        route
+            .lines()
+            .any(|l| l.split_whitespace().take(4).collect::<Vec<_>>()
+                == ["eth0", "00000000", "010010AC", "0003"]),
+        "no default route via the gateway:\n{route}"
+    );
+    let addr = out(&c, "cat /proc/net/fib_trie").await;
+    assert!(addr.contains("172.16.0.2"), "{addr}");
+    let resolv = out(&c, "cat /etc/resolv.conf").await;
+    assert!(resolv.lines().any(|l| l == "nameserver 172.16.0.1"), "{resolv}");
+    // The agent logs to the kernel log (`quiet` keeps it off the console).
+    let dmesg = out(&c, "dmesg").await;
+    assert!(
+        dmesg.contains("hearth-agent: network: eth0 172.16.0.2/30 via 172.16.0.1, resolver 172.16.0.1"),
+        "{dmesg}"
+    );
+
+    // A program in the guest reaches the test host; the test host sees the guest's address.
+    assert_eq!(fetch(&c, "first").await, "hello /first");
+    assert_served_from_guest(&served, "first");
+    // The host side learnt the guest's MAC on the tap.
+    let neigh = ip_out(&["-n", &ns.name, "neigh", "show", "dev", hearth_net::TAP_NAME]);
+    assert!(neigh.contains(hearth_net::GUEST_MAC), "{neigh}");
+
+    // Pause: QEMU saves the state and exits, letting go of the tap (which stays, with its address).
+    let snap = tempfile::tempdir().expect("tempdir");
+    let info = vmm
+        .snapshot(&vm, &disk, snap.path(), SnapshotMode::Pause)
+        .await
+        .expect("pause");
+    drop(c);
+    assert!(!vmm.is_alive(&vm));
+    let link = ip_out(&["-n", &ns.name, "link", "show", "dev", hearth_net::TAP_NAME]);
+    assert!(link.contains("NO-CARRIER"), "the tap is still attached: {link}");
+
+    // Resume in a fresh QEMU on the same tap: the guest's network goes on working, unconfigured again.
+    let t = Instant::now();
+    let resumed = vmm.restore(&spec, snap.path(), &info).await.expect("resume");
+    guard.vm = Some(resumed.clone());
+    let c = wait_agent(&vmm, &resumed).await;
+    eprintln!("resumed with the NIC in {:?}", t.elapsed());
+    assert_eq!(fetch(&c, "second").await, "hello /second");
+    assert_served_from_guest(&served, "second");
+    let link = ip_out(&["-n", &ns.name, "link", "show", "dev", hearth_net::TAP_NAME]);
+    assert!(!link.contains("NO-CARRIER"), "the tap is not attached: {link}");
+
+    vmm.stop(&resumed).await.expect("stop");
+    // Nothing holds the tap any more: QEMU's descriptor was its only attachment.
+    let link = ip_out(&["-n", &ns.name, "link", "show", "dev", hearth_net::TAP_NAME]);
+    assert!(link.contains("NO-CARRIER"), "{link}");
+}
+
+/// A NIC whose tap is missing fails the start cleanly (no QEMU left, no tap created in the namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_tap_fails_the_start() {
+    let images = images_dir();
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let ns = TestNetns::new();
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images.join("rootfs/minimal.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let spec = VmSpec {
+        id: "sbx_00000000000000ef".into(),
+        vcpus: 1,
+        memory_mib: 256,
+        images: BootImages {
+            vmlinuz: require(images.join("vmlinuz")),
+            vmlinux: images.join("vmlinux"),
+            initramfs: require(images.join("initramfs.cpio.gz")),
+        },
+        disk,
+        run_dir: run.path().to_path_buf(),
+        hostname: "nic-missing".into(),
+        net: Some(NetAttach {
+            netns: ns.path.clone(),
+            tap: "tap9".into(),
+            guest_mac: hearth_net::GUEST_MAC.into(),
+        }),
+    };
+    let err = vmm.start(&spec).await.expect_err("no tap9");
+    assert!(err.to_string().contains("tap9"), "{err}");
+    assert!(!ip_out(&["-n", &ns.name, "link", "show"]).contains("tap9"));
+    assert!(!run.path().join("qemu.pid").exists());
+}
