@@ -6,7 +6,7 @@ use utoipa::Modify;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::http::{commands, files, sandboxes, system, templates};
+use crate::http::{commands, files, pty, sandboxes, system, templates};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -17,7 +17,7 @@ use crate::http::{commands, files, sandboxes, system, templates};
         sandboxes::pause, sandboxes::resume, sandboxes::usage, sandboxes::usage_report,
         sandboxes::fork, sandboxes::snapshot, sandboxes::list_snapshots, sandboxes::delete_snapshot,
         templates::create, templates::list, templates::get, templates::delete,
-        commands::run, commands::processes, commands::wait, commands::kill, commands::stdin,
+        commands::run, commands::processes, commands::wait, commands::kill, commands::stdin, pty::pty,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         system::healthz, system::system, system::metrics, system::openapi,
     ),

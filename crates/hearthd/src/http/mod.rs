@@ -11,6 +11,7 @@
 pub mod commands;
 pub mod error;
 pub mod files;
+pub mod pty;
 pub mod sandboxes;
 pub mod sse;
 pub mod system;
@@ -113,6 +114,7 @@ pub fn app(state: AppState) -> Router {
                 .put(files::write.layer(DefaultBodyLimit::disable()))
                 .delete(files::remove.layer(quick())),
         )
+        .route("/sandboxes/{id}/pty", get(pty::pty))
         .route("/sandboxes/{id}/files/stat", get(files::stat.layer(quick())))
         .route("/sandboxes/{id}/files/list", get(files::list.layer(quick())))
         .route("/sandboxes/{id}/files/mkdir", post(files::mkdir.layer(quick())))
@@ -161,12 +163,14 @@ fn mcp(state: AppState, addr: std::net::SocketAddr, stop: tokio_util::sync::Canc
         .route_layer(middleware::from_fn(count_requests))
 }
 
-/// Rejects `/v1` requests without the right `Authorization: Bearer <key>`.
+/// Rejects `/v1` requests without the right `Authorization: Bearer <key>` (WebSocket upgrades may present the
+/// key as [`pty::websocket_key_ok`] describes).
 async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let ok = req
         .headers()
         .get(header::AUTHORIZATION)
-        .is_some_and(|v| st.keys.verify_header(v.as_bytes()));
+        .is_some_and(|v| st.keys.verify_header(v.as_bytes()))
+        || pty::websocket_key_ok(req.headers(), req.uri().query(), &st.keys);
     if !ok {
         return ApiError::new(
             ErrorCode::Unauthorized,

@@ -1,0 +1,281 @@
+//! `GET /v1/sandboxes/{id}/pty`: an interactive terminal over WebSocket.
+//!
+//! Frames: binary frames are terminal bytes both ways (client -> server: input, `0x03` is Ctrl-C;
+//! server -> client: output). Text frames are JSON control messages: from the client
+//! `{"type":"resize","rows":R,"cols":C}` and `{"type":"signal","signal":N}`; from the server, once the
+//! program ended, `{"type":"exit","exit_code":N}` (`128 + signal` when killed by a signal, with `signal`),
+//! followed by a normal close. A failure after the upgrade closes with code 1011 and the reason. Closing the
+//! socket hangs the terminal up (SIGHUP, then SIGTERM and SIGKILL to its process group).
+//!
+//! Authentication: the `Authorization: Bearer <key>` header like every route, or, for browsers (which cannot
+//! set headers on a WebSocket), the subprotocol entry `hearth.key.<key>` in `Sec-WebSocket-Protocol`, or the
+//! query parameter `access_token=<key>`. Both alternatives are accepted on WebSocket upgrades only. The server
+//! selects the subprotocol [`PROTOCOL`] when the client offers it (browsers require a selected protocol when
+//! they offered any), never the key entry.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::http::{HeaderMap, header};
+use axum::response::Response;
+use futures::{SinkExt, StreamExt};
+use hearth_api::{ErrorBody, ErrorCode};
+use hearth_proto::client::{PtyEvent, PtyHandle, PtyInput};
+use serde::Deserialize;
+
+use super::AppState;
+use super::error::{ApiError, ApiQuery, SandboxId};
+use crate::auth::KeyCheck;
+use crate::service::exec::exit_code;
+use crate::service::pty::PtyOptions;
+
+/// The subprotocol the server selects.
+pub const PROTOCOL: &str = "hearth.pty.v1";
+/// Prefix of the `Sec-WebSocket-Protocol` entry that carries the API key.
+pub const KEY_PROTOCOL_PREFIX: &str = "hearth.key.";
+/// Largest WebSocket message accepted from the client.
+const MAX_MESSAGE: usize = 1024 * 1024;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PtyQuery {
+    /// Shell command line to run (`/bin/sh -c`). Default: `/bin/bash -l` if the guest has it, else `/bin/sh`.
+    pub cmd: Option<String>,
+    /// Terminal rows at start (1-4096, default 24).
+    pub rows: Option<u16>,
+    /// Terminal columns at start (1-4096, default 80).
+    pub cols: Option<u16>,
+    /// Absolute working directory (default `/root`, else `/`).
+    pub cwd: Option<String>,
+    /// Extra environment as a JSON object (`{"NAME":"value"}`); `TERM` defaults to `xterm-256color`.
+    pub env: Option<String>,
+    /// The API key, for clients that can set neither the `Authorization` header nor the subprotocol.
+    pub access_token: Option<String>,
+}
+
+/// A control message from the client.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ClientControl {
+    Resize { rows: u16, cols: u16 },
+    Signal { signal: i32 },
+}
+
+/// Open an interactive terminal (WebSocket). See the module documentation of the frames.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id"), PtyQuery),
+    responses(
+        (status = 101, description = "Switching to the WebSocket protocol (subprotocol `hearth.pty.v1`). Binary \
+            frames carry terminal bytes both ways; text frames carry JSON control messages: from the client \
+            `{\"type\":\"resize\",\"rows\":R,\"cols\":C}` and `{\"type\":\"signal\",\"signal\":N}`, from the \
+            server `{\"type\":\"exit\",\"exit_code\":N}` before it closes. Authentication: the Authorization \
+            header, or the subprotocol entry `hearth.key.<key>`, or `access_token`."),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is not running", body = ErrorBody),
+        (status = 502, description = "The agent is unreachable", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn pty(
+    State(st): State<AppState>,
+    SandboxId(id): SandboxId,
+    ApiQuery(q): ApiQuery<PtyQuery>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let env: BTreeMap<String, String> = match &q.env {
+        None => BTreeMap::new(),
+        Some(s) => serde_json::from_str(s).map_err(|e| {
+            ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!("env must be a JSON object of strings: {e}"),
+            )
+        })?,
+    };
+    let opts = PtyOptions {
+        cmd: q.cmd,
+        rows: q.rows.unwrap_or(24),
+        cols: q.cols.unwrap_or(80),
+        cwd: q.cwd,
+        env,
+    };
+    // Start first, so that a bad request or a missing sandbox is an HTTP error rather than a closed socket.
+    let handle = st.sandboxes.open_pty(&id, opts).await?;
+    Ok(ws
+        .protocols([PROTOCOL])
+        .max_message_size(MAX_MESSAGE)
+        .on_upgrade(move |socket| bridge(socket, handle)))
+}
+
+/// Carries bytes and control messages between the socket and the guest until either side ends.
+async fn bridge(socket: WebSocket, mut handle: PtyHandle) {
+    let (mut tx, mut rx) = socket.split();
+    let input = handle.input();
+    let to_client = async {
+        while let Some(ev) = handle.next_event().await {
+            match ev {
+                PtyEvent::Output(data) => {
+                    if tx.send(Message::Binary(data)).await.is_err() {
+                        return;
+                    }
+                }
+                PtyEvent::Exited { code, signal } => {
+                    let exit = serde_json::json!({
+                        "type": "exit",
+                        "exit_code": exit_code(code, signal),
+                        "signal": signal,
+                    });
+                    let _ = tx.send(Message::Text(exit.to_string().into())).await;
+                    let _ = tx.send(close(1000, "exited")).await;
+                    return;
+                }
+                PtyEvent::Error(e) => {
+                    let _ = tx.send(close(1011, &e.to_string())).await;
+                    return;
+                }
+            }
+        }
+    };
+    let from_client = async {
+        while let Some(Ok(msg)) = rx.next().await {
+            match msg {
+                Message::Binary(data) => {
+                    if input.send(data).await.is_err() {
+                        // The session ended: its exit is on the way to the client.
+                        std::future::pending::<()>().await;
+                    }
+                }
+                Message::Text(text) => control(&input, text.as_str()),
+                Message::Close(_) => break,
+                Message::Ping(_) | Message::Pong(_) => {}
+            }
+        }
+    };
+    // The session ends with the exit (or an error) reported to the client; a client that goes away first
+    // ends it too, by dropping the handle (the terminal is hung up).
+    tokio::select! {
+        () = to_client => {}
+        () = from_client => {}
+    }
+}
+
+fn control(input: &PtyInput, text: &str) {
+    match serde_json::from_str::<ClientControl>(text) {
+        Ok(ClientControl::Resize { rows, cols }) => {
+            let _ = input.resize(rows, cols);
+        }
+        Ok(ClientControl::Signal { signal }) if (1..=64).contains(&signal) => {
+            let _ = input.signal(signal);
+        }
+        // Unknown or malformed control messages are ignored (a newer client may send more kinds).
+        _ => tracing::debug!("ignoring pty control message"),
+    }
+}
+
+fn close(code: u16, reason: &str) -> Message {
+    let mut reason = reason.to_owned();
+    // A close frame's reason is at most 123 bytes.
+    reason.truncate(reason.floor_char_boundary(120));
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
+/// Whether a WebSocket upgrade presents the API key without an `Authorization` header: a `hearth.key.<key>` entry
+/// of `Sec-WebSocket-Protocol`, or the `access_token` query parameter; false for requests that are not
+/// WebSocket upgrades.
+pub fn websocket_key_ok(headers: &HeaderMap, query: Option<&str>, keys: &KeyCheck) -> bool {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade {
+        return false;
+    }
+    let from_protocol = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|p| p.trim().strip_prefix(KEY_PROTOCOL_PREFIX))
+        .any(|k| keys.verify(k));
+    from_protocol
+        || query.is_some_and(|q| {
+            q.split('&')
+                .filter_map(|kv| kv.strip_prefix("access_token="))
+                .any(|k| keys.verify(&percent_decode(k)))
+        })
+}
+
+/// Decodes `%XX` escapes and `+` (a key is `hk_` and hex, but clients may escape anything).
+fn percent_decode(s: &str) -> String {
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let decoded = match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => Some(h * 16 + l),
+            _ => None,
+        };
+        match decoded {
+            Some(v) => {
+                out.push(v);
+                i += 3;
+            }
+            None => {
+                out.push(if b[i] == b'+' { b' ' } else { b[i] });
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("hk_ab%2Bc+d%zz%4"), "hk_ab+c d%zz%4");
+        assert_eq!(percent_decode("%C3%A9"), "\u{e9}");
+    }
+
+    #[test]
+    fn key_alternatives_only_on_websocket_upgrades() {
+        let keys = KeyCheck::from_hash(crate::auth::hash_key("hk_secret"));
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            "hearth.pty.v1, hearth.key.hk_secret"
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
+        );
+        assert!(
+            !websocket_key_ok(&h, Some("access_token=hk_secret"), &keys),
+            "not an upgrade"
+        );
+        h.insert(
+            header::UPGRADE,
+            "websocket".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        assert!(websocket_key_ok(&h, None, &keys));
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            "hearth.pty.v1, hearth.key.hk_wrong"
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
+        );
+        assert!(!websocket_key_ok(&h, None, &keys));
+        assert!(websocket_key_ok(&h, Some("rows=3&access_token=hk_secret"), &keys));
+        assert!(!websocket_key_ok(&h, Some("access_token=hk_secre"), &keys));
+    }
+}
