@@ -15,6 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use bytes::Bytes;
 use hearth_proto::watch::{WatchEvent, WatchEventKind, WatchRequest};
@@ -36,6 +37,9 @@ pub(crate) const MAX_QUEUED_BYTES: usize = 1024 * 1024;
 const MAX_WATCHES: usize = 8192;
 /// Target size of one batch's JSON.
 const BATCH_BYTES: usize = 64 * 1024;
+/// How long a `MOVED_FROM` waits for its `MOVED_TO` before it counts as a move out of the tree (the kernel
+/// queues the two back to back, but a reader may run in between).
+const MOVE_PAIR_WAIT: Duration = Duration::from_millis(50);
 
 /// The kernel events a watch subscribes to.
 fn mask() -> AddWatchFlags {
@@ -133,6 +137,8 @@ impl Queue {
 /// A `MOVED_FROM` waiting for its `MOVED_TO`.
 struct PendingMove {
     cookie: u32,
+    /// When it stops waiting for its pair.
+    deadline: tokio::time::Instant,
     path: String,
     is_dir: bool,
 }
@@ -283,6 +289,7 @@ impl Tree {
         if m.contains(AddWatchFlags::IN_MOVED_FROM) {
             self.pending_move = Some(PendingMove {
                 cookie: ev.cookie,
+                deadline: tokio::time::Instant::now() + MOVE_PAIR_WAIT,
                 path,
                 is_dir,
             });
@@ -311,11 +318,7 @@ impl Tree {
                         self.on_event(ev, q);
                     }
                 }
-                Err(Errno::EAGAIN) => {
-                    // A rename's two halves come from one kernel call: a half left over now moved out.
-                    self.flush_move(q);
-                    return Ok(());
-                }
+                Err(Errno::EAGAIN) => return Ok(()),
                 Err(Errno::EINTR) => {}
                 Err(e) => return Err(e),
             }
@@ -392,7 +395,13 @@ pub(crate) async fn run(ctx: &Ctx, req: WatchRequest) -> Result<After, AgentErro
             return Ok(After::Done);
         }
         let cost = batch.as_ref().map_or(0, |b| hearth_proto::data_cost(b.len()));
+        let pair_deadline = tree.pending_move.as_ref().map(|m| m.deadline);
         let readable = tokio::select! {
+            _ = tokio::time::sleep_until(pair_deadline.unwrap_or_else(tokio::time::Instant::now)),
+                if pair_deadline.is_some() => {
+                tree.flush_move(&mut queue);
+                false
+            }
             ready = tree.fd.readable(), if !tree.root_gone => {
                 // Cleared before reading: `read_ready` reads until the kernel has nothing more.
                 ready.map(|mut guard| guard.clear_ready())

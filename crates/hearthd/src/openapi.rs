@@ -6,7 +6,7 @@ use utoipa::Modify;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::http::{commands, files, pty, sandboxes, system, templates};
+use crate::http::{commands, files, pty, sandboxes, system, templates, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -19,6 +19,7 @@ use crate::http::{commands, files, pty, sandboxes, system, templates};
         templates::create, templates::list, templates::get, templates::delete,
         commands::run, commands::processes, commands::wait, commands::kill, commands::stdin, pty::pty,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
+        watch::watch,
         system::healthz, system::system, system::metrics, system::openapi,
     ),
     components(schemas(hearth_api::ErrorCode, hearth_api::ErrorDetail, hearth_api::SandboxState,

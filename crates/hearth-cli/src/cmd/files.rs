@@ -145,6 +145,56 @@ pub async fn files(ctx: &Ctx, command: FilesCommand) -> anyhow::Result<u8> {
         FilesCommand::Mkdir { id, path } => client.mkdir(&id, &path, true).await?,
         FilesCommand::Rm { id, path, recursive } => client.delete_file(&id, &path, recursive).await?,
         FilesCommand::Mv { id, from, to } => client.rename(&id, &from, &to).await?,
+        FilesCommand::Watch { id, path, recursive } => {
+            return watch(ctx, &client, &id, &path, recursive).await;
+        }
+    }
+    Ok(0)
+}
+
+/// `files watch`: one line per event on stdout (`create  sub/file`), the start and end on stderr.
+async fn watch(
+    ctx: &Ctx,
+    client: &hearth_client::Client,
+    id: &str,
+    path: &str,
+    recursive: bool,
+) -> anyhow::Result<u8> {
+    use hearth_api::WatchEvent;
+    let mut events = client
+        .watch_dir(id, path, recursive)
+        .await
+        .with_context(|| format!("cannot watch {id}:{path}"))?;
+    while let Some(ev) = events.next().await {
+        let ev = ev?;
+        if ctx.json {
+            println!("{}", serde_json::to_string(&ev)?);
+        }
+        let line = match &ev {
+            WatchEvent::Ready { path, .. } => {
+                eprintln!("watching {id}:{path} (Ctrl-C to stop)");
+                continue;
+            }
+            WatchEvent::Create { path, is_dir }
+            | WatchEvent::Remove { path, is_dir }
+            | WatchEvent::Chmod { path, is_dir } => format!("{path}{}", if *is_dir { "/" } else { "" }),
+            WatchEvent::Write { path } => path.clone(),
+            WatchEvent::Rename { path, new_path, .. } => match new_path {
+                Some(to) => format!("{path} -> {to}"),
+                None => format!("{path} -> (outside)"),
+            },
+            WatchEvent::Overflow => "(events were lost: the reader was too slow)".to_owned(),
+            WatchEvent::End => {
+                eprintln!("{id}:{path} is gone; stopped watching");
+                return Ok(0);
+            }
+            WatchEvent::Error { code, message } => {
+                anyhow::bail!("the watch failed: {message} ({})", code.as_str())
+            }
+        };
+        if !ctx.json {
+            println!("{:<8} {line}", ev.name());
+        }
     }
     Ok(0)
 }

@@ -16,6 +16,7 @@ pub mod sandboxes;
 pub mod sse;
 pub mod system;
 pub mod templates;
+pub mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -119,6 +120,8 @@ pub fn app(state: AppState) -> Router {
         .route("/sandboxes/{id}/files/list", get(files::list.layer(quick())))
         .route("/sandboxes/{id}/files/mkdir", post(files::mkdir.layer(quick())))
         .route("/sandboxes/{id}/files/rename", post(files::rename.layer(quick())))
+        // Lasts as long as the client listens.
+        .route("/sandboxes/{id}/files/watch", get(watch::watch))
         .route("/system", get(system::system.layer(quick())))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
         .route_layer(middleware::from_fn(count_requests));

@@ -1,0 +1,167 @@
+//! Directory watches: `GET .../files/watch` as a [`WatchStream`] of [`WatchEvent`]s.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::stream::{self, BoxStream};
+use futures::{Stream, StreamExt};
+use hearth_api::WatchEvent;
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::{Method, Url};
+
+use crate::sse::SseParser;
+use crate::{Client, Error};
+
+/// The events of one directory watch: `Ready` first, then changes, until the stream is dropped (which stops
+/// the watch), or it ends after `End` or `Error` (or the first `Err`).
+pub struct WatchStream {
+    inner: BoxStream<'static, Result<WatchEvent, Error>>,
+}
+
+impl Stream for WatchStream {
+    type Item = Result<WatchEvent, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx)
+    }
+}
+
+impl std::fmt::Debug for WatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WatchStream")
+    }
+}
+
+impl Client {
+    /// Watches directory `path` in sandbox `id` (and its subdirectories with `recursive`). Returns once the
+    /// daemon accepted the watch, so an error such as `not_found` comes from this call; the first event is
+    /// `Ready`, after which every change is reported.
+    pub async fn watch_dir(&self, id: &str, path: &str, recursive: bool) -> Result<WatchStream, Error> {
+        let mut url = self.url(&["v1", "sandboxes", id, "files", "watch"]);
+        url.query_pairs_mut()
+            .append_pair("path", path)
+            .append_pair("recursive", if recursive { "true" } else { "false" });
+        let builder = self
+            .request(Method::GET, &url)
+            .header(ACCEPT, "text/event-stream");
+        let resp = self.send(builder, &url).await?;
+        let content_type = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !content_type.starts_with("text/event-stream") {
+            return Err(Error::Decode(format!(
+                "expected an event stream, got content type {content_type:?}"
+            )));
+        }
+        Ok(WatchStream {
+            inner: watch_events(resp.bytes_stream().boxed(), url).boxed(),
+        })
+    }
+}
+
+struct WatchState {
+    body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    parser: SseParser,
+    queue: VecDeque<Result<WatchEvent, Error>>,
+    finished: bool,
+    url: Url,
+}
+
+impl WatchState {
+    fn push(&mut self, item: Result<WatchEvent, Error>) {
+        if self.finished {
+            return;
+        }
+        self.finished = item.as_ref().map_or(true, WatchEvent::is_terminal);
+        self.queue.push_back(item);
+    }
+}
+
+fn watch_events(
+    body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    url: Url,
+) -> impl Stream<Item = Result<WatchEvent, Error>> + Send + 'static {
+    let state = WatchState {
+        body,
+        parser: SseParser::default(),
+        queue: VecDeque::new(),
+        finished: false,
+        url,
+    };
+    stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(item) = st.queue.pop_front() {
+                return Some((item, st));
+            }
+            if st.finished {
+                return None;
+            }
+            match st.body.next().await {
+                Some(Ok(chunk)) => match st.parser.push(&chunk) {
+                    Ok(events) => {
+                        for ev in events {
+                            // Events this client does not know (a newer daemon) are skipped.
+                            if let Ok(parsed) = serde_json::from_str::<WatchEvent>(&ev.data) {
+                                st.push(Ok(parsed));
+                            }
+                        }
+                    }
+                    Err(e) => st.push(Err(Error::Decode(e.to_string()))),
+                },
+                Some(Err(e)) => {
+                    let err = Error::transport(&st.url, e);
+                    st.push(Err(err));
+                }
+                None => st.push(Err(Error::Decode(
+                    "the watch stream ended without an end event".into(),
+                ))),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn events_are_parsed_and_the_stream_ends_after_end() {
+        let chunks: Vec<Result<Bytes, reqwest::Error>> =
+            vec![
+            Ok(Bytes::from_static(
+                b"event: ready\ndata: {\"type\":\"ready\",\"path\":\"/w\",\"recursive\":false}\n\n",
+            )),
+            Ok(Bytes::from_static(b": keep-alive\n\nevent: create\ndata: {\"type\":\"create\",")),
+            Ok(Bytes::from_static(
+                b"\"path\":\"a\",\"is_dir\":false}\n\nevent: future\ndata: {\"type\":\"future\"}\n\n",
+            )),
+            Ok(Bytes::from_static(
+                b"event: end\ndata: {\"type\":\"end\"}\n\nevent: create\ndata: {\"type\":\"overflow\"}\n\n",
+            )),
+        ];
+        let url = Url::parse("http://127.0.0.1:1/x").unwrap();
+        let got: Vec<WatchEvent> = watch_events(stream::iter(chunks).boxed(), url)
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(
+            got,
+            vec![
+                WatchEvent::Ready {
+                    path: "/w".into(),
+                    recursive: false
+                },
+                WatchEvent::Create {
+                    path: "a".into(),
+                    is_dir: false
+                },
+                WatchEvent::End,
+            ]
+        );
+    }
+}
