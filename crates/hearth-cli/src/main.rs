@@ -5,6 +5,7 @@
 //! - `cmd/`: one module per group of commands: [`cmd::sandbox`] (create/ls/info/rm/timeout), [`cmd::exec`]
 //!   (exec/ps/wait/kill), [`cmd::files`] (cp and `files ...`), [`cmd::system`] (system, doctor).
 //! - [`output`]: tables, key/value blocks, times and colour; pure functions, snapshot-tested.
+//! - [`progress`]: spinners and the template build bar on stderr (terminal only, not with `--json`).
 //! - [`report`]: how errors are printed (message, stable code, hint).
 //!
 //! Output rules: stdout carries data only (ids, tables, JSON with `--json`, command output as raw bytes);
@@ -14,6 +15,7 @@
 mod args;
 mod cmd;
 mod output;
+mod progress;
 mod report;
 
 use std::io::IsTerminal;

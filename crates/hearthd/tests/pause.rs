@@ -2,7 +2,8 @@
 //! every boot costs seconds. A background counter keeps its PID and goes on counting across pause and resume,
 //! no VMM process exists while paused, the guest clock is corrected, disk writes survive, usage shows the
 //! paused span, a command resumes by itself, a corrupted snapshot is refused, and `kill -9` of the daemon in
-//! the middle of a pause loses nothing.
+//! the middle of a pause loses nothing. A second test (`debian`): a Python process answers with the random value
+//! it holds only in memory after pause and resume.
 
 mod common;
 
@@ -202,4 +203,76 @@ async fn pause_resume_keeps_processes_clock_usage_and_survives_kill9() {
     assert_eq!(r.stdout, "alive\n", "{r:?}");
     d.destroy(&id).await;
     assert!(d.vm_pids(&id).is_empty());
+}
+
+/// A Python process that made a random value at start and keeps it only in its memory; it answers
+/// `<pid> <value>` to every connection on a Unix socket.
+const PY_HOLDER: &str = r#"exec python3 -c '
+import os, socket
+value = os.urandom(16).hex()
+s = socket.socket(socket.AF_UNIX)
+s.bind("/tmp/holder.sock")
+s.listen()
+while True:
+    c, _ = s.accept()
+    c.sendall(("%d %s\n" % (os.getpid(), value)).encode())
+    c.close()
+'"#;
+
+const PY_ASK: &str = r#"python3 -c '
+import socket
+s = socket.socket(socket.AF_UNIX)
+s.connect("/tmp/holder.sock")
+print(s.recv(100).decode().strip())
+'"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_value_in_memory_survives_pause_and_resume() {
+    assert!(
+        common::template_built("debian"),
+        "rootfs/debian.ext4 must be built (images/build.sh)"
+    );
+    let _serial = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    let id = d
+        .create(json!({"template": "debian", "memory_mib": 512}))
+        .await
+        .id;
+    let (status, v) = d
+        .run_raw(&id, json!({"cmd": PY_HOLDER, "background": true}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let started = v["pid"].as_u64().expect("pid");
+    // The interpreter takes a few seconds to start under TCG.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let before = loop {
+        let r = d.sh(&id, PY_ASK).await;
+        if r.exit_code == 0 {
+            break r.stdout.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "the holder never answered: {r:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let (pid, value) = before.split_once(' ').expect("`pid value`");
+    assert_eq!(pid, started.to_string(), "{before}");
+    assert_eq!(value.len(), 32, "{before}");
+    // The value lives only in the process: nothing on disk or in tmpfs holds it.
+    let r = d
+        .sh(&id, &format!("grep -rlsF {value} /tmp /root /dev/shm; true"))
+        .await;
+    assert_eq!(r.stdout, "", "the value was written somewhere");
+
+    pause(&d, &id).await;
+    assert!(d.vm_pids(&id).is_empty(), "VMM process left while paused");
+    let (status, v) = resume(&d, &id).await;
+    assert_eq!(status, StatusCode::OK, "resume: {v}\n{}", d.log());
+
+    let r = d.sh(&id, PY_ASK).await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert_eq!(
+        r.stdout.trim(),
+        before,
+        "the same process answers with the same value"
+    );
+    d.destroy(&id).await;
 }

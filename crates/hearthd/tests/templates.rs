@@ -1,12 +1,14 @@
 //! Real-VM template tests (QEMU TCG, `minimal`): a template saved from a sandbox carries its files into new
 //! sandboxes (booted from the flattened image); a template with memory starts sandboxes by restore with a
-//! process started before templating still running; deletion is refused while sandboxes use a template.
+//! process started before templating still running; deletion is refused while sandboxes use a template; recipe
+//! builds succeed or report the failing step, as JSON or as progress events (SSE). On `debian`: a Debian
+//! package built and installed with dpkg inside a sandbox is installed in sandboxes of its template.
 
 mod common;
 
 use common::{Daemon, VM_LOCK};
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn templates_from_a_sandbox_with_and_without_memory() {
@@ -137,4 +139,209 @@ async fn recipe_build_success_and_failing_step() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     // No build sandbox is left behind.
     assert!(d.list_ids().await.is_empty());
+}
+
+/// `POST /v1/templates` asking for progress events; returns the status and the `(event, data)` pairs (the
+/// stream ends after `done` or `failed`), or the JSON error body as the only data when the answer is not a
+/// stream.
+async fn build_sse(d: &Daemon, body: Value) -> (StatusCode, Vec<(String, Value)>) {
+    let resp = d
+        .req(Method::POST, "/v1/templates")
+        .header("accept", "text/event-stream")
+        .json(&body)
+        .send()
+        .await
+        .expect("build");
+    let status = resp.status();
+    let sse = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let text = resp.text().await.expect("body");
+    if !sse {
+        return (
+            status,
+            vec![(String::new(), serde_json::from_str(&text).unwrap_or(Value::Null))],
+        );
+    }
+    let mut events = Vec::new();
+    for block in text.split("\n\n") {
+        let mut name = String::new();
+        let mut data = String::new();
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                name = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.trim_start());
+            }
+        }
+        if !data.is_empty() {
+            let value: Value = serde_json::from_str(&data).expect("event json");
+            assert_eq!(value["type"], name.as_str(), "event name and type agree");
+            events.push((name, value));
+        }
+    }
+    (status, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_build_streams_progress_events() {
+    let _serial = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    let recipe = json!({
+        "base": "minimal",
+        "steps": [
+            "echo first > /root/first",
+            "echo line-one; echo line-two; echo on-stderr >&2; sleep 1; printf no-newline",
+        ],
+    });
+    let (status, events) = build_sse(&d, json!({"name": "tpl-sse", "recipe": recipe})).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"started"), "{events:?}");
+    assert_eq!(events[0].1["steps"], 2);
+    assert_eq!(names.last(), Some(&"done"), "{events:?}\n{}", d.log());
+    assert_eq!(
+        events.last().map(|e| &e.1["template"]["name"]),
+        Some(&json!("tpl-sse"))
+    );
+    let phases: Vec<&Value> = events
+        .iter()
+        .filter(|(n, _)| n == "phase")
+        .map(|(_, v)| &v["phase"])
+        .collect();
+    assert_eq!(phases, [&json!("creating_sandbox"), &json!("saving")]);
+    let pos = |want: &dyn Fn(&(String, Value)) -> bool| events.iter().position(want).expect("event");
+    for step in [1, 2] {
+        let started = pos(&|(n, v)| n == "step_started" && v["step"] == step);
+        let finished = pos(&|(n, v)| n == "step_finished" && v["step"] == step);
+        assert!(started < finished, "{events:?}");
+        assert_eq!(events[finished].1["exit_code"], 0);
+        assert!(events[finished].1["duration_ms"].is_u64());
+    }
+    let step2_ms = events[pos(&|(n, v)| n == "step_finished" && v["step"] == 2)].1["duration_ms"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(step2_ms >= 1000, "step 2 sleeps 1 s: {step2_ms} ms");
+    let lines: Vec<(String, String)> = events
+        .iter()
+        .filter(|(n, v)| n == "step_output" && v["step"] == 2)
+        .map(|(_, v)| {
+            (
+                v["stream"].as_str().unwrap_or_default().to_string(),
+                v["line"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let stdout: Vec<&str> = lines
+        .iter()
+        .filter(|(s, _)| s == "stdout")
+        .map(|(_, l)| l.as_str())
+        .collect();
+    assert_eq!(stdout, ["line-one", "line-two", "no-newline"], "{lines:?}");
+    assert!(
+        lines.contains(&("stderr".into(), "on-stderr".into())),
+        "{lines:?}"
+    );
+    // Output lines come between their step's start and end.
+    let first_line = pos(&|(n, v)| n == "step_output" && v["step"] == 2);
+    assert!(first_line > pos(&|(n, v)| n == "step_started" && v["step"] == 2));
+    assert!(first_line < pos(&|(n, v)| n == "step_finished" && v["step"] == 2));
+    let (status, _) = d.call(Method::GET, "/v1/templates/tpl-sse", None).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // A failing step: its exit code, then `failed` with its output; nothing saved, no build sandbox left.
+    let recipe = json!({"base": "minimal", "steps": ["echo before-failing; exit 4", "echo never"]});
+    let (status, events) = build_sse(&d, json!({"name": "tpl-sse-broken", "recipe": recipe})).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "started",
+            "phase",
+            "step_started",
+            "step_output",
+            "step_finished",
+            "failed"
+        ],
+        "{events:?}"
+    );
+    assert_eq!(events[4].1["exit_code"], 4);
+    assert_eq!(events[5].1["code"], "guest_error");
+    let msg = events[5].1["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("step 1") && msg.contains("before-failing"), "{msg}");
+    let (status, _) = d.call(Method::GET, "/v1/templates/tpl-sse-broken", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(d.list_ids().await.is_empty());
+
+    // A request that is wrong from the start gets a JSON error, not a stream.
+    let (status, body) = build_sse(&d, json!({"name": "tpl-sse", "recipe": recipe})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body:?}");
+    assert_eq!(body[0].1["error"]["code"], "conflict");
+    let (status, _) = d.call(Method::DELETE, "/v1/templates/tpl-sse", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+}
+
+/// Builds a Debian package inside the sandbox (a command and a Python module) and installs it with dpkg: no
+/// network involved.
+const INSTALL_PACKAGE: &str = r#"set -e
+mkdir -p /root/pkg/DEBIAN /root/pkg/usr/bin /root/pkg/usr/lib/python3/dist-packages/hearth_hello
+printf '%s\n' 'Package: hearth-hello' 'Version: 1.0' 'Architecture: all' \
+    'Maintainer: hearth tests <tests@example.invalid>' 'Description: a package installed inside a sandbox' \
+    > /root/pkg/DEBIAN/control
+printf '#!/bin/sh\necho hello-from-package\n' > /root/pkg/usr/bin/hearth-hello
+chmod 755 /root/pkg/usr/bin/hearth-hello
+echo 'GREETING = "imported-from-package"' > /root/pkg/usr/lib/python3/dist-packages/hearth_hello/__init__.py
+dpkg-deb --root-owner-group --build /root/pkg /root/hearth-hello.deb
+dpkg -i /root/hearth-hello.deb
+rm -rf /root/pkg /root/hearth-hello.deb
+echo configured > /root/setup-done
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_carries_a_file_and_an_installed_package() {
+    assert!(
+        common::template_built("debian"),
+        "rootfs/debian.ext4 must be built (images/build.sh)"
+    );
+    let _serial = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    let src = d
+        .create(json!({"template": "debian", "memory_mib": 512}))
+        .await
+        .id;
+    let r = d
+        .run(&src, json!({"cmd": INSTALL_PACKAGE, "timeout_s": 300}))
+        .await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let (status, t) = d
+        .call(
+            Method::POST,
+            "/v1/templates",
+            Some(json!({"name": "tpl-package", "from_sandbox": src})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{t}\n{}", d.log());
+    d.destroy(&src).await;
+
+    let s = d
+        .create(json!({"template": "tpl-package", "memory_mib": 512}))
+        .await
+        .id;
+    assert_eq!(d.sh(&s, "cat /root/setup-done").await.stdout, "configured\n");
+    let r = d
+        .sh(&s, "dpkg-query -W -f='${Status} ${Version}' hearth-hello")
+        .await;
+    assert_eq!(r.stdout, "install ok installed 1.0", "{r:?}");
+    assert_eq!(d.sh(&s, "hearth-hello").await.stdout, "hello-from-package\n");
+    let r = d
+        .sh(
+            &s,
+            "python3 -c 'import hearth_hello; print(hearth_hello.GREETING)'",
+        )
+        .await;
+    assert_eq!(r.stdout, "imported-from-package\n", "{r:?}");
+    d.destroy(&s).await;
 }

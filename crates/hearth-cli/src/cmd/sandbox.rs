@@ -1,43 +1,16 @@
 //! `create`, `ls`, `info`, `rm`, `timeout`.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
-use std::time::Duration;
 
+use futures::StreamExt;
 use hearth_api::CreateSandboxRequest;
 use hearth_client::ListFilter;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use time::OffsetDateTime;
 
 use crate::Ctx;
 use crate::args::{CreateArgs, LsArgs};
 use crate::output;
-
-/// A spinner on stderr while something slow happens; nothing when stderr is not a terminal.
-pub struct Spinner(Option<ProgressBar>);
-
-impl Spinner {
-    pub fn start(message: String) -> Spinner {
-        if !std::io::stderr().is_terminal() {
-            return Spinner(None);
-        }
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
-            bar.set_style(style);
-        }
-        bar.set_message(message);
-        bar.enable_steady_tick(Duration::from_millis(100));
-        Spinner(Some(bar))
-    }
-}
-
-impl Drop for Spinner {
-    fn drop(&mut self) {
-        if let Some(bar) = self.0.take() {
-            bar.finish_and_clear();
-        }
-    }
-}
+use crate::progress::{self, BuildView};
 
 fn to_map(pairs: Vec<(String, String)>) -> BTreeMap<String, String> {
     pairs.into_iter().collect()
@@ -63,7 +36,7 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
         Some(t) => format!("creating a sandbox from {}", output::clean(t)),
         None => "creating a sandbox".to_owned(),
     };
-    let spinner = Spinner::start(what);
+    let spinner = progress::spinner(ctx, what);
     let sandbox = client.create_sandbox(&req).await;
     drop(spinner);
     let sandbox = sandbox?;
@@ -129,7 +102,7 @@ pub async fn timeout(ctx: &Ctx, id: &str, seconds: u64) -> anyhow::Result<u8> {
 }
 
 pub async fn pause(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
-    let spinner = Spinner::start(format!("pausing {}", output::clean(id)));
+    let spinner = progress::spinner(ctx, format!("pausing {}", output::clean(id)));
     let sandbox = ctx.client()?.pause_sandbox(id).await;
     drop(spinner);
     let sandbox = sandbox?;
@@ -138,7 +111,7 @@ pub async fn pause(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
 }
 
 pub async fn resume(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
-    let spinner = Spinner::start(format!("resuming {}", output::clean(id)));
+    let spinner = progress::spinner(ctx, format!("resuming {}", output::clean(id)));
     let sandbox = ctx.client()?.resume_sandbox(id).await;
     drop(spinner);
     let sandbox = sandbox?;
@@ -161,7 +134,7 @@ pub async fn usage(ctx: &Ctx, id: Option<&str>, from: Option<&str>, to: Option<&
 }
 
 pub async fn fork(ctx: &Ctx, id: &str, count: u32) -> anyhow::Result<u8> {
-    let spinner = Spinner::start(format!("forking {} into {count}", output::clean(id)));
+    let spinner = progress::spinner(ctx, format!("forking {} into {count}", output::clean(id)));
     let forked = ctx.client()?.fork_sandbox(id, count).await;
     drop(spinner);
     let forked = forked?;
@@ -172,7 +145,7 @@ pub async fn fork(ctx: &Ctx, id: &str, count: u32) -> anyhow::Result<u8> {
 }
 
 pub async fn snapshot(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
-    let spinner = Spinner::start(format!("snapshotting {}", output::clean(id)));
+    let spinner = progress::spinner(ctx, format!("snapshotting {}", output::clean(id)));
     let snap = ctx.client()?.snapshot_sandbox(id).await;
     drop(spinner);
     let snap = snap?;
@@ -231,7 +204,7 @@ pub async fn template(ctx: &Ctx, cmd: crate::args::TemplateCommand) -> anyhow::R
                 include_memory: memory,
                 recipe: None,
             };
-            let spinner = Spinner::start(format!("saving template {}", output::clean(&req.name)));
+            let spinner = progress::spinner(ctx, format!("saving template {}", output::clean(&req.name)));
             let t = client.create_template(&req).await;
             drop(spinner);
             let t = t?;
@@ -248,10 +221,7 @@ pub async fn template(ctx: &Ctx, cmd: crate::args::TemplateCommand) -> anyhow::R
                 recipe: Some(recipe),
                 ..Default::default()
             };
-            let spinner = Spinner::start(format!("building template {}", output::clean(&req.name)));
-            let t = client.create_template(&req).await;
-            drop(spinner);
-            let t = t?;
+            let t = build_template(ctx, &client, &req).await?;
             ctx.emit(&t, || format!("{}\n", t.name))?;
             Ok(0)
         }
@@ -293,4 +263,33 @@ pub async fn template(ctx: &Ctx, cmd: crate::args::TemplateCommand) -> anyhow::R
             Ok(u8::from(failed))
         }
     }
+}
+
+/// Builds a template from a recipe, showing the daemon's progress events as they come (a bar over the steps and
+/// the build log on stderr, see [`progress`]); a failed build is an API error carrying the step's output.
+async fn build_template(
+    ctx: &Ctx,
+    client: &hearth_client::Client,
+    req: &hearth_api::CreateTemplateRequest,
+) -> anyhow::Result<hearth_api::Template> {
+    use hearth_api::TemplateBuildEvent;
+    let mut view = BuildView::new(ctx, &req.name);
+    let mut events = client.build_template_stream(req);
+    while let Some(ev) = events.next().await {
+        let ev = ev?;
+        view.event(&ev);
+        match ev {
+            TemplateBuildEvent::Done { template } => return Ok(template),
+            TemplateBuildEvent::Failed { code, message } => {
+                return Err(hearth_client::Error::Api {
+                    status: code.http_status(),
+                    code,
+                    message,
+                }
+                .into());
+            }
+            _ => {}
+        }
+    }
+    anyhow::bail!("the build's event stream ended without a result")
 }
