@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use hearth_api::{EgressDefault, EgressPolicy};
 use hearth_net::ctx::SandboxNetCtx;
-use hearth_net::dns::{ResolveError, Upstream, spawn_resolver};
+use hearth_net::dns::{ResolveError, Upstream, spawn_resolver, spawn_tcp_resolver};
 use hearth_net::policy::Policy;
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
@@ -27,6 +27,31 @@ const ZONE: &[(&str, &[&str])] = &[
     ("private.test", &["10.0.0.7", "203.0.113.13"]),
     ("meta.test", &["169.254.169.254"]),
     ("mapped.test", &["::ffff:10.0.0.1", "fd00:ec2::254"]),
+    (
+        "a-rather-long-name-with-many-addresses.test",
+        &[
+            "2001:db8::1",
+            "2001:db8::2",
+            "2001:db8::3",
+            "2001:db8::4",
+            "2001:db8::5",
+            "2001:db8::6",
+            "2001:db8::7",
+            "2001:db8::8",
+            "2001:db8::9",
+            "2001:db8::a",
+            "2001:db8::b",
+            "2001:db8::c",
+            "2001:db8::d",
+            "2001:db8::e",
+            "2001:db8::f",
+            "2001:db8::10",
+            "2001:db8::11",
+            "2001:db8::12",
+            "2001:db8::13",
+            "2001:db8::14",
+        ],
+    ),
 ];
 
 struct Fixture {
@@ -34,12 +59,15 @@ struct Fixture {
     upstream_dns: TestDns,
     ctx: Arc<SandboxNetCtx>,
     resolver: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
+    tcp_resolver: SocketAddr,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        self.task.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 }
 
@@ -67,6 +95,7 @@ async fn fixture() -> Fixture {
                 "private.test",
                 "meta.test",
                 "mapped.test",
+                "a-rather-long-name-with-many-addresses.test",
             ],
             &["bad.wild.test"],
         ),
@@ -78,13 +107,19 @@ async fn fixture() -> Fixture {
     )]));
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let resolver = socket.local_addr().unwrap();
-    let task = spawn_resolver(socket, ctx.clone(), upstream);
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp_resolver = tcp.local_addr().unwrap();
+    let tasks = vec![
+        spawn_resolver(socket, ctx.clone(), upstream.clone()),
+        spawn_tcp_resolver(tcp, ctx.clone(), upstream),
+    ];
     Fixture {
         _uplink: uplink,
         upstream_dns,
         ctx,
         resolver,
-        task,
+        tcp_resolver,
+        tasks,
     }
 }
 
@@ -297,7 +332,7 @@ async fn policy_changes_apply_to_the_next_query() {
 }
 
 /// An upstream that first sends spoofed answers (wrong id, wrong question, a query instead of a response),
-/// then the right one: the client takes only the right one.
+/// then the right one: the client takes only the right one. Silence ends in a timeout.
 #[tokio::test]
 async fn upstream_client_rejects_mismatched_answers_and_times_out() {
     let ns = Netns::new("dnsspoof");
@@ -326,6 +361,9 @@ async fn upstream_client_rejects_mismatched_answers_and_times_out() {
                 ));
                 m.to_vec().unwrap()
             };
+            if question.query_type() != RecordType::A && name == "noaaaa.test." {
+                continue;
+            }
             if question.query_type() != RecordType::A {
                 let mut m = Message::response(q.metadata.id, OpCode::Query);
                 m.add_query(question.clone());
@@ -358,9 +396,65 @@ async fn upstream_client_rejects_mismatched_answers_and_times_out() {
         upstream.resolve("good.test").await.unwrap(),
         ips(&["203.0.113.10"])
     );
+    // An upstream that drops AAAA queries does not hold up a name that has IPv4 addresses.
+    let started = Instant::now();
+    assert_eq!(
+        upstream.resolve("noaaaa.test").await.unwrap(),
+        ips(&["203.0.113.10"])
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
     let started = Instant::now();
     let err = upstream.resolve("silent.test").await.unwrap_err();
     assert!(matches!(err, ResolveError::Timeout { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(4));
     task.abort();
+}
+
+#[tokio::test]
+async fn answers_fit_a_plain_udp_reply_and_tcp_works_too() {
+    let f = fixture().await;
+    let name = "a-rather-long-name-with-many-addresses.test.";
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut q = Message::new(11, MessageType::Query, OpCode::Query);
+    q.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::AAAA));
+    sock.send_to(&q.to_vec().unwrap(), f.resolver).await.unwrap();
+    let mut buf = [0u8; 4096];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(5), sock.recv_from(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        n <= 512,
+        "a reply to a query without EDNS must fit 512 bytes, got {n}"
+    );
+    let r = Message::from_vec(&buf[..n]).unwrap();
+    assert!((8..=16).contains(&r.answers.len()), "{}", r.answers.len());
+
+    // The same over TCP, then a refused name on the same connection.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(f.tcp_resolver).await.unwrap();
+    for (id, qname, want) in [
+        (12u16, name, ResponseCode::NoError),
+        (13, "other.test.", ResponseCode::Refused),
+    ] {
+        let mut q = Message::new(id, MessageType::Query, OpCode::Query);
+        q.add_query(Query::query(Name::from_ascii(qname).unwrap(), RecordType::AAAA));
+        let bytes = q.to_vec().unwrap();
+        tcp.write_all(&(bytes.len() as u16).to_be_bytes()).await.unwrap();
+        tcp.write_all(&bytes).await.unwrap();
+        let mut len = [0u8; 2];
+        tcp.read_exact(&mut len).await.unwrap();
+        let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+        tcp.read_exact(&mut reply).await.unwrap();
+        let r = Message::from_vec(&reply).unwrap();
+        assert_eq!((r.metadata.id, r.metadata.response_code), (id, want));
+        if want == ResponseCode::NoError {
+            assert_eq!(r.answers.len(), 16);
+        }
+    }
+    assert!(!f.upstream_dns.queries().contains(&"other.test".to_string()));
 }

@@ -346,13 +346,10 @@ async fn a_policy_change_applies_to_the_next_connection() {
     );
 }
 
-/// The whole path: a client in a "sandbox" namespace dials 203.0.113.20:80, nftables REDIRECTs it to the proxy
-/// listening in that namespace, the proxy reads SO_ORIGINAL_DST and connects out from the uplink namespace.
-#[tokio::test]
-async fn redirected_connections_through_nftables() {
-    let net = Internet::start();
+/// A "sandbox" namespace whose TCP to 203.0.113.0/24 ports 80 and 443 nftables REDIRECTs to port 15001 there.
+/// Its route towards the fake internet leads nowhere: only the redirect can get a connection through.
+fn redirecting_sandbox() -> Netns {
     let sbx = Netns::new("pxsbx");
-    // A route towards the fake internet that leads nowhere: only the redirect can get a connection through.
     sbx.ip("link add v0 type veth peer name v1");
     sbx.ip("addr add 192.0.2.1/24 dev v0");
     sbx.ip("link set v0 up");
@@ -366,6 +363,15 @@ async fn redirected_connections_through_nftables() {
             }
         }",
     );
+    sbx
+}
+
+/// The whole path: a client in a "sandbox" namespace dials 203.0.113.20:80, nftables REDIRECTs it to the proxy
+/// listening in that namespace, the proxy reads SO_ORIGINAL_DST and connects out from the uplink namespace.
+#[tokio::test]
+async fn redirected_connections_through_nftables() {
+    let net = Internet::start();
+    let sbx = redirecting_sandbox();
     let listener = hearth_net::netns::tcp_listener(&sbx.path(), addr("0.0.0.0:15001")).unwrap();
     let ctx = Arc::new(SandboxNetCtx::new(
         "sbx1",
@@ -418,4 +424,73 @@ async fn redirected_connections_through_nftables() {
         .collect();
     assert_eq!(seen, want);
     task.abort();
+}
+
+#[tokio::test]
+async fn connections_beyond_the_limit_are_closed() {
+    let net = Internet::start();
+    let greeter = tcp_host(&net.ns, addr("203.0.113.30:80"), "slow", true);
+    let sbx = redirecting_sandbox();
+    let listener = hearth_net::netns::tcp_listener(&sbx.path(), addr("0.0.0.0:15001")).unwrap();
+    let ctx = Arc::new(SandboxNetCtx::new(
+        "sbx1",
+        policy(EgressDefault::Deny, &["203.0.113.30"], &[]),
+        vec![],
+    ));
+    let upstream = Arc::new(Upstream::new(net.dns.addr, net.ns.path()));
+    let limits = ProxyLimits {
+        max_connections: 1,
+        peek_timeout: Duration::from_millis(300),
+        ..ProxyLimits::default()
+    };
+    let task = tokio::spawn(Arc::new(Proxy::new(ctx, upstream, net.ns.path(), limits)).serve(listener));
+    let open = || async {
+        hearth_net::netns::connect_tcp(&sbx.path(), addr("203.0.113.30:80"))
+            .await
+            .unwrap()
+    };
+    let greeting = |mut s: TcpStream| async move {
+        let mut buf = vec![0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        (s, String::from_utf8_lossy(&buf[..n]).to_string())
+    };
+    let (first, got) = greeting(open().await).await;
+    assert_eq!(got, "hello from slow\n");
+    let (_, got) = greeting(open().await).await;
+    assert_eq!(
+        got, "",
+        "a second connection must be closed while the first is open"
+    );
+    drop(first);
+    // Once the first connection is over, there is room again.
+    let mut got = String::new();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (_, g) = greeting(open().await).await;
+        got = g;
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got, "hello from slow\n");
+    assert_eq!(greeter.connections.load(Ordering::SeqCst), 2);
+    task.abort();
+}
+
+#[tokio::test]
+async fn allowed_names_that_do_not_resolve_are_refused() {
+    let net = Internet::start();
+    let proxy = net.proxy(EgressDefault::Deny, &["*.allowed.test"], &[]);
+    let resp = http_get(guest(&proxy, "203.0.113.20:80").await, "nx.allowed.test").await;
+    assert!(resp.starts_with("HTTP/1.1 403"), "{resp}");
+    let e = last(&proxy);
+    assert_eq!(
+        (e.allowed, e.reason.as_str(), e.name.as_deref()),
+        (false, "unresolvable", Some("nx.allowed.test"))
+    );
+    assert!(net.dns.queries().contains(&"nx.allowed.test".to_string()));
+    assert_eq!(net.twenty.connections.load(Ordering::SeqCst), 0);
 }

@@ -1,5 +1,5 @@
-//! The per-sandbox platform resolver (on [`crate::GATEWAY`]:53 inside the sandbox namespace) and the upstream
-//! client it and the egress proxy use.
+//! The per-sandbox platform resolver (on [`crate::GATEWAY`]:53 inside the sandbox namespace, UDP and TCP) and
+//! the upstream client it and the egress proxy use.
 //!
 //! What the resolver answers:
 //! - `*.internal`: from the sandbox's private-network names (A records), NXDOMAIN otherwise; never forwarded.
@@ -18,7 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use hearth_api::NetProtocol;
-use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use tokio::sync::Semaphore;
@@ -37,6 +37,12 @@ const MAX_ANSWERS: usize = 16;
 const PRIVATE_TTL: u32 = 5;
 /// Longest TTL handed to the guest.
 const MAX_TTL: u32 = 60;
+/// DNS-over-TCP connections served at once.
+const MAX_TCP_CONNECTIONS: usize = 16;
+/// Queries answered on one TCP connection.
+const MAX_TCP_QUERIES: usize = 64;
+/// A TCP connection idle this long is closed.
+const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Denied addresses logged per query (a hostile upstream could return hundreds).
 const MAX_DENIED_LOGGED: usize = 4;
 
@@ -80,13 +86,107 @@ pub fn spawn_resolver(
             let (socket, ctx, upstream) = (socket.clone(), ctx.clone(), upstream.clone());
             tokio::spawn(async move {
                 let reply = answer(&request, &ctx, &upstream).await;
-                if let Ok(bytes) = reply.to_vec() {
+                if let Some(bytes) = encode(&request, reply, udp_limit(&request)) {
                     let _ = socket.send_to(&bytes, peer).await;
                 }
                 drop(permit);
             });
         }
     })
+}
+
+/// Serves DNS over TCP (RFC 7766 framing) on `listener` (bound in the sandbox namespace), for clients that fall
+/// back to TCP. Same answers as over UDP. Must be called inside a Tokio runtime.
+pub fn spawn_tcp_resolver(
+    listener: std::net::TcpListener,
+    ctx: Arc<SandboxNetCtx>,
+    upstream: Arc<Upstream>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpListener::from_std(listener))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(sandbox = %ctx.id, error = %e, "DNS TCP listener unusable");
+                return;
+            }
+        };
+        let connections = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            };
+            let Ok(permit) = connections.clone().try_acquire_owned() else {
+                continue;
+            };
+            let (ctx, upstream) = (ctx.clone(), upstream.clone());
+            tokio::spawn(async move {
+                serve_tcp(stream, &ctx, &upstream).await;
+                drop(permit);
+            });
+        }
+    })
+}
+
+/// Answers length-prefixed queries on one connection until the client closes, sends garbage or idles.
+async fn serve_tcp(mut stream: tokio::net::TcpStream, ctx: &SandboxNetCtx, upstream: &Upstream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for _ in 0..MAX_TCP_QUERIES {
+        let mut len = [0u8; 2];
+        let read = tokio::time::timeout(TCP_IDLE, async {
+            stream.read_exact(&mut len).await?;
+            let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            stream.read_exact(&mut buf).await?;
+            Ok::<_, std::io::Error>(buf)
+        })
+        .await;
+        let Ok(Ok(buf)) = read else { return };
+        let Ok(request) = Message::from_vec(&buf) else {
+            return;
+        };
+        if request.metadata.message_type != MessageType::Query {
+            return;
+        }
+        let reply = answer(&request, ctx, upstream).await;
+        let Some(bytes) = encode(&request, reply, usize::from(u16::MAX)) else {
+            return;
+        };
+        let Ok(n) = u16::try_from(bytes.len()) else { return };
+        let mut framed = n.to_be_bytes().to_vec();
+        framed.extend_from_slice(&bytes);
+        if stream.write_all(&framed).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The largest UDP reply the client accepts: 512 bytes without EDNS, else what it advertises (up to 1232, the
+/// size that avoids fragmentation).
+fn udp_limit(request: &Message) -> usize {
+    match &request.edns {
+        Some(e) => usize::from(e.max_payload()).clamp(512, 1232),
+        None => 512,
+    }
+}
+
+/// `reply` encoded, with an OPT record if the request had one, and addresses dropped from the end until it fits
+/// in `limit` bytes.
+fn encode(request: &Message, mut reply: Message, limit: usize) -> Option<Vec<u8>> {
+    if request.edns.is_some() {
+        let mut edns = Edns::new();
+        edns.set_max_payload(1232);
+        reply.set_edns(edns);
+    }
+    loop {
+        let bytes = reply.to_vec().ok()?;
+        if bytes.len() <= limit || reply.answers.is_empty() {
+            return Some(bytes);
+        }
+        reply.answers.pop();
+    }
 }
 
 /// The reply to `request` (a decoded query).

@@ -15,6 +15,8 @@ use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(4);
 /// The query is sent again after this long without a valid answer.
 const RETRANSMIT: Duration = Duration::from_millis(1200);
+/// How much longer the IPv6 lookup may take once IPv4 addresses are known.
+const AAAA_GRACE: Duration = Duration::from_millis(300);
 /// Longest time an answer is cached, whatever its TTL.
 const MAX_CACHE_TTL: u32 = 60;
 /// Cached answers kept at most.
@@ -76,12 +78,31 @@ impl Upstream {
         self.server
     }
 
-    /// The IPv4 and IPv6 addresses of `name` (IPv4 first). Fails only if both lookups fail.
+    /// The IPv4 and IPv6 addresses of `name` (IPv4 first), looked up in parallel. Once IPv4 addresses are known,
+    /// the IPv6 lookup gets only a short grace period (an upstream that drops AAAA queries must not stall every
+    /// connection). Fails only if both lookups fail.
     pub async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, ResolveError> {
-        let (v4, v6) = tokio::join!(
-            self.lookup(name, RecordType::A),
-            self.lookup(name, RecordType::AAAA)
-        );
+        let v4_lookup = self.lookup(name, RecordType::A);
+        let v6_lookup = self.lookup(name, RecordType::AAAA);
+        tokio::pin!(v4_lookup, v6_lookup);
+        let (mut v4, mut v6) = (None, None);
+        let (v4, v6) = loop {
+            tokio::select! {
+                r = &mut v4_lookup, if v4.is_none() => v4 = Some(r),
+                r = &mut v6_lookup, if v6.is_none() => v6 = Some(r),
+            }
+            if v6.is_none() && matches!(&v4, Some(Ok(a)) if !a.is_empty()) {
+                v6 = Some(
+                    tokio::time::timeout(AAAA_GRACE, &mut v6_lookup)
+                        .await
+                        .unwrap_or(Ok(Vec::new())),
+                );
+            }
+            match (v4.take(), v6.take()) {
+                (Some(a), Some(b)) => break (a, b),
+                (a, b) => (v4, v6) = (a, b),
+            }
+        };
         match (v4, v6) {
             (Ok(mut a), Ok(aaaa)) => {
                 a.extend(aaaa);
