@@ -23,7 +23,8 @@ fn name_table() {
     )
     .unwrap();
     assert!(p.has_domain_rules());
-    let table: &[(&str, Option<(bool, &str, &str)>, bool)] = &[
+    type Row<'a> = (&'a str, Option<(bool, &'a str, &'a str)>, bool);
+    let table: &[Row] = &[
         (
             "api.example.com",
             Some((true, "allow_rule", "api.example.com")),
