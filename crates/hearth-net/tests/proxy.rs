@@ -277,6 +277,14 @@ async fn connections_without_a_name_follow_the_cidr_rules() {
         (true, "allow_rule", Some("203.0.113.20"))
     );
     assert_eq!(e.name, None);
+    // Opened and closed without a byte: decided and logged, but no connection is made for it.
+    let mut s = guest(&proxy, "203.0.113.20:80").await;
+    s.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(net.twenty.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(last(&proxy).port, Some(80));
     // HTTP with an IP literal Host names nothing: the dialed address decides.
     let resp = http_get(guest(&proxy, "203.0.113.20:80").await, "203.0.113.20").await;
     assert!(resp.ends_with("twenty host=203.0.113.20"), "{resp}");

@@ -147,7 +147,21 @@ impl Proxy {
     /// Handles one guest connection whose original destination is `orig_dst`: decides, connects, splices.
     /// Returns when the connection is over.
     pub async fn handle(&self, mut client: TcpStream, orig_dst: SocketAddr) {
-        let (peeked, sniffed) = self.peek(&mut client).await;
+        let Some((peeked, sniffed)) = self.peek(&mut client).await else {
+            // Opened and closed at once (a port scan, a probe): decided by address, but never connected.
+            let decision = self
+                .ctx
+                .policy()
+                .decide_addr(orig_dst.ip(), &self.ctx.extra_denied);
+            self.ctx.audit.record(
+                NetProtocol::Tcp,
+                Some(orig_dst.ip()),
+                Some(orig_dst.port()),
+                None,
+                &decision,
+            );
+            return;
+        };
         let name = sniffed.name().map(str::to_owned);
         let port = orig_dst.port();
         let targets = match self.decide(orig_dst, name.as_deref()).await {
@@ -204,8 +218,8 @@ impl Proxy {
     }
 
     /// Reads the first bytes of the connection until they name a host (or cannot), the size bound is reached,
-    /// the guest stops sending or the time bound passes.
-    async fn peek(&self, client: &mut TcpStream) -> (Vec<u8>, Sniff) {
+    /// the guest stops sending or the time bound passes. `None` if the guest closed without sending anything.
+    async fn peek(&self, client: &mut TcpStream) -> Option<(Vec<u8>, Sniff)> {
         let mut buf = Vec::with_capacity(2048);
         let deadline = tokio::time::Instant::now() + self.limits.peek_timeout;
         loop {
@@ -214,19 +228,21 @@ impl Proxy {
             let read = tokio::time::timeout_at(deadline, client.read(&mut chunk[..room])).await;
             match read {
                 Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                // Closed (or failed) before sending anything: nothing to forward.
+                Ok(_) if buf.is_empty() => return None,
                 // EOF, error or timeout: decide on what there is.
                 _ => {
                     let sniffed = match sniff(&buf) {
                         Sniff::Incomplete => Sniff::NoName { http: false },
                         s => s,
                     };
-                    return (buf, sniffed);
+                    return Some((buf, sniffed));
                 }
             }
             match sniff(&buf) {
                 Sniff::Incomplete if buf.len() < self.limits.peek_bytes => continue,
-                Sniff::Incomplete => return (buf, Sniff::NoName { http: false }),
-                s => return (buf, s),
+                Sniff::Incomplete => return Some((buf, Sniff::NoName { http: false })),
+                s => return Some((buf, s)),
             }
         }
     }
