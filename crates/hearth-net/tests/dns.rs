@@ -391,7 +391,7 @@ async fn upstream_client_rejects_mismatched_answers_and_times_out() {
         }
     });
     let upstream =
-        Upstream::new("203.0.113.53:53".parse().unwrap(), ns.path()).with_timeout(Duration::from_secs(2));
+        Upstream::new("203.0.113.53:53".parse().unwrap(), ns.path()).with_timeout(Duration::from_secs(3));
     assert_eq!(
         upstream.resolve("good.test").await.unwrap(),
         ips(&["203.0.113.10"])
@@ -403,14 +403,14 @@ async fn upstream_client_rejects_mismatched_answers_and_times_out() {
         ips(&["203.0.113.10"])
     );
     assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
+        started.elapsed() < Duration::from_secs(2),
+        "waited for the AAAA timeout: {:?}",
         started.elapsed()
     );
     let started = Instant::now();
     let err = upstream.resolve("silent.test").await.unwrap_err();
     assert!(matches!(err, ResolveError::Timeout { .. }), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(4));
+    assert!(started.elapsed() < Duration::from_secs(6));
     task.abort();
 }
 
