@@ -84,6 +84,11 @@ pub enum Command {
     /// a program and its arguments. Exit status: the command's; 128+N when killed by signal N; 124 when its
     /// timeout expired; 125 when hearth itself failed.
     Exec(ExecArgs),
+    /// Open an interactive terminal in a sandbox: its shell, or CMD; exits with the program's exit code.
+    ///
+    /// The local terminal is in raw mode: every key goes to the guest (Ctrl-C interrupts the guest's
+    /// program). The guest's terminal follows this window's size. A paused sandbox is resumed.
+    Shell(ShellArgs),
     /// List the processes started in a sandbox.
     Ps { id: String },
     /// Wait for a background process and print its output tail; exits with its exit code.
@@ -388,6 +393,20 @@ pub enum CommandSpec {
 }
 
 /// One argument with whitespace or shell syntax is a shell command line; anything else is argv.
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    pub id: String,
+    /// Working directory in the guest.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Environment variable (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
+    pub env: Vec<(String, String)>,
+    /// The program to run instead of the shell: one shell command line, or a program and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
 pub fn command_spec(args: &[String]) -> CommandSpec {
     match args {
         [one] if needs_shell(one) => CommandSpec::Shell(one.clone()),

@@ -3,14 +3,15 @@
 //! # Layout
 //! - [`args`]: the clap command line and its small parsers (`K=V`, `ID:PATH`, signals, cmd vs argv).
 //! - `cmd/`: one module per group of commands: [`cmd::sandbox`] (create/ls/info/rm/timeout), [`cmd::exec`]
-//!   (exec/ps/wait/kill), [`cmd::files`] (cp and `files ...`), [`cmd::system`] (system, doctor).
+//!   (exec/ps/wait/kill), [`cmd::shell`] (interactive terminal), [`cmd::files`] (cp and `files ...`),
+//!   [`cmd::system`] (system, doctor).
 //! - [`output`]: tables, key/value blocks, times and colour; pure functions, snapshot-tested.
 //! - [`progress`]: spinners and the template build bar on stderr (terminal only, not with `--json`).
 //! - [`report`]: how errors are printed (message, stable code, hint).
 //!
 //! Output rules: stdout carries data only (ids, tables, JSON with `--json`, command output as raw bytes);
-//! spinners, warnings and errors go to stderr. Exit status 0 on success, 1 on failure; `exec` and `wait`
-//! pass the guest command's status through and use 125 for their own failures.
+//! spinners, warnings and errors go to stderr. Exit status 0 on success, 1 on failure; `exec`, `wait` and
+//! `shell` pass the guest command's status through and use 125 for their own failures.
 
 mod args;
 mod cmd;
@@ -74,7 +75,7 @@ fn main() -> ExitCode {
         json: cli.json,
     };
     let failure = match cli.command {
-        Command::Exec(_) | Command::Wait { .. } => EXEC_FAILURE,
+        Command::Exec(_) | Command::Wait { .. } | Command::Shell(_) => EXEC_FAILURE,
         _ => 1,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -111,6 +112,7 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
             cmd::sandbox::usage(ctx, id.as_deref(), from.as_deref(), to.as_deref()).await
         }
         Command::Exec(a) => cmd::exec::exec(ctx, a).await,
+        Command::Shell(a) => cmd::shell::shell(ctx, a).await,
         Command::Ps { id } => cmd::exec::ps(ctx, &id).await,
         Command::Wait { id, pid, timeout } => cmd::exec::wait(ctx, &id, pid, timeout).await,
         Command::Kill { id, pid, signal } => cmd::exec::kill(ctx, &id, pid, signal).await,

@@ -107,6 +107,11 @@ impl Client {
         &self.base
     }
 
+    /// The key sent with every request (for the WebSocket handshake).
+    pub(crate) fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+
     /// Whether a key will be sent.
     pub fn has_api_key(&self) -> bool {
         self.api_key.is_some()

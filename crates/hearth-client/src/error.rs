@@ -26,6 +26,9 @@ pub enum Error {
     /// The API key contains characters an HTTP header cannot carry (whitespace, control or non-ASCII).
     #[error("the API key must be printable ASCII without spaces")]
     InvalidApiKey,
+    /// An interactive terminal's connection failed or closed before the program's exit.
+    #[error("terminal connection: {0}")]
+    Terminal(String),
     /// The base URL given to the client is not a usable http(s) URL.
     #[error("invalid hearthd URL {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },

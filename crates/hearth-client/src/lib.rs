@@ -4,6 +4,7 @@
 //! - [`client`]: [`Client`] (construction, `from_env`, the request plumbing) and the sandbox routes.
 //! - [`command`]: running commands (buffered, background, streamed as [`CommandStream`]) and processes.
 //! - [`files`]: streamed upload/download and the other file routes.
+//! - [`pty`]: interactive terminals over WebSocket ([`pty::PtySession`]).
 //! - [`network`]: egress policy, audit log, private networks, port tokens.
 //! - [`templates`]: template builds with their progress streamed ([`TemplateBuildStream`]).
 //! - [`watch`]: directory watches streamed as [`WatchStream`].
@@ -33,6 +34,7 @@ pub mod command;
 pub mod error;
 pub mod files;
 pub mod network;
+pub mod pty;
 pub mod sse;
 pub mod templates;
 pub mod watch;

@@ -5,4 +5,5 @@ pub mod files;
 pub mod mcp;
 pub mod net;
 pub mod sandbox;
+pub mod shell;
 pub mod system;
