@@ -15,9 +15,10 @@
 //! Namespaces are named `hearth-<id>` in `/run/netns`, which every process on the machine shares; the uplink
 //! ends are named `hrth<8 hex>`. Each plane stamps what it creates with a tag derived from its uplink
 //! namespace and sandbox range (the alias of `lo` in the sandbox namespace and of the uplink link), and
-//! [`Plane::sweep`] only removes what carries its own tag (or no tag: a creation that died half-way), so two
-//! planes on one machine (e.g. tests running in parallel) never sweep each other's sandboxes. One plane per
-//! uplink namespace: the hub table belongs to it.
+//! [`Plane::sweep`] only removes what carries its own tag, no tag (a creation that died half-way), or has lost
+//! its uplink link (its uplink namespace is gone), so two planes on one machine (e.g. tests running in
+//! parallel) never sweep each other's live sandboxes. Creation and the sweep's scan are serialised by a lock
+//! file. One plane per uplink namespace: the hub table belongs to it.
 
 mod cmd;
 mod sweep;
@@ -37,7 +38,7 @@ use cmd::{IP, ip_batch, ip_json, is_missing, nft, run, sysctls};
 
 /// Name of the guest's interface in a [`GuestLink::Veth`] guest namespace.
 pub const VETH_GUEST_IF: &str = "eth0";
-/// Serialises namespace creation (add + tag) with [`Plane::sweep`]'s scan across processes.
+/// Serialises sandbox creation with [`Plane::sweep`]'s scan of namespaces, across processes.
 const LOCK_PATH: &str = "/run/hearth-net.lock";
 
 /// Errors of the data plane. Each carries the object or command it concerns.
@@ -174,20 +175,17 @@ impl Plane {
         if netns_path(&sb.id).exists() {
             return Err(NetError::Exists(sb.id.clone()));
         }
-        {
-            let _lock = lock()?;
-            run(None, IP, &["netns", "add", &name], None)?;
-            if let Err(e) = run(
-                None,
-                IP,
-                &["-n", &name, "link", "set", "lo", "alias", &self.tag],
-                None,
-            ) {
-                self.cleanup_after_failure(&sb.id);
-                return Err(e);
-            }
-        }
-        if let Err(e) = self.build(sb) {
+        // Held for the whole creation, so a sweep (in any process) never sees a half-made namespace.
+        let _lock = lock()?;
+        run(None, IP, &["netns", "add", &name], None)?;
+        let made = run(
+            None,
+            IP,
+            &["-n", &name, "link", "set", "lo", "alias", &self.tag],
+            None,
+        )
+        .and_then(|_| self.build(sb));
+        if let Err(e) = made {
             self.cleanup_after_failure(&sb.id);
             return Err(e);
         }

@@ -23,12 +23,18 @@ pub(super) fn sweep(plane: &Plane, live: &HashSet<String>) -> Result<Vec<String>
             if live.contains(id) || super::validate_id(id).is_err() {
                 continue;
             }
-            let alias = lo_alias(&name);
-            if alias.as_deref().is_some_and(|a| !a.is_empty() && a != plane.tag) {
-                continue; // another plane's
+            // Ours, untagged (a creation that died half-way), or without its uplink link (its uplink namespace
+            // is gone, so it is dead whoever made it). Creation holds the lock, so none of these is in progress.
+            let (alias, has_uplink) = inspect(&name);
+            let foreign = alias.as_deref().is_some_and(|a| !a.is_empty() && a != plane.tag);
+            if foreign && has_uplink {
+                continue;
             }
-            plane.teardown(id)?;
-            removed.push(format!("netns {name}"));
+            match plane.teardown(id) {
+                Ok(()) => removed.push(format!("netns {name}")),
+                // One namespace that cannot be removed must not keep the others.
+                Err(e) => tracing::warn!(netns = %name, error = %e, "sweep"),
+            }
         }
     }
 
@@ -130,13 +136,20 @@ fn hearth_namespaces() -> Result<Vec<String>, NetError> {
         .collect())
 }
 
-/// The alias of `lo` in a namespace: `Some("")` when untagged, `None` when it cannot be read (a namespace
-/// file that is no namespace any more, which sweeping removes as well).
-fn lo_alias(name: &str) -> Option<String> {
-    let v = ip_json(None, &["-n", name, "link", "show", "dev", "lo"]).ok()?;
-    let alias = v.as_array()?.first()?["ifalias"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned();
-    Some(alias)
+/// The alias of `lo` in a namespace (`Some("")` when untagged, `None` when the namespace cannot be read:
+/// a namespace file that is no namespace any more, which sweeping removes as well) and whether its uplink
+/// link `up0` is there.
+fn inspect(name: &str) -> (Option<String>, bool) {
+    let Ok(v) = ip_json(None, &["-n", name, "link", "show"]) else {
+        return (None, false);
+    };
+    let links = v.as_array().cloned().unwrap_or_default();
+    let alias = links
+        .iter()
+        .find(|l| l["ifname"].as_str() == Some("lo"))
+        .map(|l| l["ifalias"].as_str().unwrap_or("").to_owned());
+    let has_uplink = links
+        .iter()
+        .any(|l| l["ifname"].as_str() == Some(crate::ruleset::UPLINK_IF));
+    (alias, has_uplink)
 }

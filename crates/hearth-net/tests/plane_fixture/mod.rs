@@ -330,6 +330,23 @@ pub fn must_not_tcp(ns: &Path, to: SocketAddr) {
     }
 }
 
+/// Asserts that none of the TCP connections from `ns` gets through (probed in parallel).
+#[track_caller]
+pub fn must_not_tcp_any(ns: &Path, targets: &[SocketAddr]) {
+    let results: Vec<(SocketAddr, std::io::Result<String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = targets
+            .iter()
+            .map(|t| (*t, s.spawn(move || tcp(ns, *t, DENY_TIMEOUT))))
+            .collect();
+        handles.into_iter().map(|(t, h)| (t, h.join().unwrap())).collect()
+    });
+    for (to, r) in results {
+        if let Ok(reply) = r {
+            panic!("tcp to {to} must not connect, got {reply:?}");
+        }
+    }
+}
+
 #[track_caller]
 pub fn must_udp(ns: &Path, to: SocketAddr) -> String {
     match udp(ns, None, to, "ping", ALLOW_TIMEOUT) {
