@@ -336,6 +336,22 @@ impl FirecrackerVmm {
         }
         if let Some(net) = &spec.net {
             net.validate().map_err(start_failed)?;
+            match crate::tap::tap_exists(&net.netns, &net.tap) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(start_failed(format!(
+                        "no tap {} in {}",
+                        net.tap,
+                        net.netns.display()
+                    )));
+                }
+                Err(e) => {
+                    return Err(start_failed(format!(
+                        "network namespace {}: {e}",
+                        net.netns.display()
+                    )));
+                }
+            }
         }
         if !run.is_dir() {
             return Err(start_failed(format!("run directory {} missing", run.display())));

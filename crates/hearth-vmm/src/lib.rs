@@ -18,6 +18,7 @@ use tokio::net::UnixStream;
 pub mod detect;
 pub mod firecracker;
 pub mod qemu;
+mod tap;
 
 /// Which VMM drives a sandbox.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]

@@ -9,7 +9,6 @@
 
 use std::net::{SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +17,9 @@ use hearth_proto::client::{AgentClient, ExecEvent};
 use hearth_vmm::qemu::QemuVmm;
 use hearth_vmm::{Accel, BootImages, NetAttach, SnapshotMode, VmHandle, VmSpec, Vmm};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod netns_common;
+use netns_common::{TestNetns, ip_out};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const HTTP_PORT: u16 = 8080;
@@ -35,71 +37,6 @@ fn require(path: PathBuf) -> PathBuf {
         path.display()
     );
     path
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ip_out(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A network namespace laid out like a sandbox's (`tap0` = gateway, with the gateway's fixed MAC), deleted
-/// on drop (the tap goes with it).
-struct TestNetns {
-    name: String,
-    path: PathBuf,
-}
-
-impl TestNetns {
-    fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        let name = format!(
-            "hxt-nic-{:05x}{:05x}",
-            std::process::id() & 0xfffff,
-            nanos & 0xfffff
-        );
-        ip(&["netns", "add", &name]);
-        let ns = TestNetns {
-            path: PathBuf::from("/run/netns").join(&name),
-            name,
-        };
-        let gw = format!("{}/{}", hearth_net::GATEWAY, hearth_net::GUEST_PREFIX);
-        let n = ns.name.as_str();
-        let tap = hearth_net::TAP_NAME;
-        ip(&["-n", n, "link", "set", "lo", "up"]);
-        ip(&["-n", n, "tuntap", "add", "dev", tap, "mode", "tap"]);
-        ip(&[
-            "-n",
-            n,
-            "link",
-            "set",
-            "dev",
-            tap,
-            "address",
-            hearth_net::GATEWAY_MAC,
-        ]);
-        ip(&["-n", n, "addr", "add", &gw, "dev", tap]);
-        ip(&["-n", n, "link", "set", "dev", tap, "up"]);
-        ns
-    }
-}
-
-impl Drop for TestNetns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
-    }
 }
 
 /// Requests the test host answered: (peer, request line).
@@ -307,8 +244,7 @@ async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
         .expect("pause");
     drop(c);
     assert!(!vmm.is_alive(&vm));
-    let link = ip_out(&["-n", &ns.name, "link", "show", "dev", hearth_net::TAP_NAME]);
-    assert!(link.contains("NO-CARRIER"), "the tap is still attached: {link}");
+    assert!(!ns.tap_attached(), "the tap is still attached: {}", ns.tap_link());
 
     // Resume in a fresh QEMU on the same tap: the guest's network goes on working, unconfigured again.
     let t = Instant::now();
@@ -318,13 +254,11 @@ async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
     eprintln!("resumed with the NIC in {:?}", t.elapsed());
     assert_eq!(fetch(&c, "second").await, "hello /second");
     assert_served_from_guest(&served, "second");
-    let link = ip_out(&["-n", &ns.name, "link", "show", "dev", hearth_net::TAP_NAME]);
-    assert!(!link.contains("NO-CARRIER"), "the tap is not attached: {link}");
+    assert!(ns.tap_attached(), "the tap is not attached: {}", ns.tap_link());
 
     vmm.stop(&resumed).await.expect("stop");
     // Nothing holds the tap any more: QEMU's descriptor was its only attachment.
-    let link = ip_out(&["-n", &ns.name, "link", "show", "dev", hearth_net::TAP_NAME]);
-    assert!(link.contains("NO-CARRIER"), "{link}");
+    assert!(!ns.tap_attached(), "{}", ns.tap_link());
 }
 
 /// A NIC whose tap is missing fails the start cleanly (no QEMU left, no tap created in the namespace).

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::qmp::Qmp;
-use super::{QMP_TIMEOUT, QemuVmm, RunFiles, START_TIMEOUT, STOP_STEP, log_tail, snapshot, tap, vm_uid};
+use super::{QMP_TIMEOUT, QemuVmm, RunFiles, START_TIMEOUT, STOP_STEP, log_tail, snapshot, vm_uid};
+use crate::tap;
 use crate::{VmHandle, VmSpec, VmmError, VmmKind, process_start_ticks};
 
 /// How a launched QEMU gets its guest going.

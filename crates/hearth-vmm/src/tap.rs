@@ -1,4 +1,4 @@
-//! Opening the guest's tap for QEMU.
+//! The guest's tap, as the drivers see it: checking it exists, and opening it for QEMU.
 //!
 //! QEMU runs chrooted, unprivileged and under seccomp, so it cannot open `/dev/net/tun` itself, let alone in
 //! another network namespace. The driver (root) does it on a thread that joined the sandbox's namespace (a
@@ -9,6 +9,17 @@
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+
+/// Whether an interface `name` exists in the namespace `netns`. Firecracker opens its tap by name and, run
+/// with privileges, would create a missing one: the driver checks first, so a missing tap is an error under
+/// both drivers.
+pub fn tap_exists(netns: &Path, name: &str) -> std::io::Result<bool> {
+    let name = std::ffi::CString::new(name).map_err(|_| std::io::Error::other("NUL in the tap name"))?;
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+    hearth_net::netns::in_netns(netns, move || {
+        Ok(unsafe { libc::if_nametoindex(name.as_ptr()) } != 0)
+    })
+}
 
 /// Opens `/dev/net/tun` inside the namespace `netns` and attaches it to the existing tap `name` (no packet
 /// info header, no virtio-net header). Only one descriptor can be attached at a time: `EBUSY` means another
@@ -51,6 +62,8 @@ mod tests {
 
     #[test]
     fn a_missing_tap_is_not_created() {
+        assert!(tap_exists(Path::new("/proc/self/ns/net"), "lo").expect("lo"));
+        assert!(!tap_exists(Path::new("/proc/self/ns/net"), "hxt-none0").expect("none"));
         // The host's own namespace has no interface by that name; nothing may be created either.
         let err = open_tap(Path::new("/proc/self/ns/net"), "hxt-none0").expect_err("no such tap");
         assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
