@@ -4,6 +4,7 @@ import type { Connection, RequestBody, RequestOpts } from "./client.js";
 import { HearthError } from "./errors.js";
 import type { components } from "./generated/openapi.js";
 import { readAll } from "./sse.js";
+import { type FilesystemEvent, type WatchHandle, type WatchOpts, watchDir } from "./watch.js";
 
 type Schemas = components["schemas"];
 
@@ -190,6 +191,19 @@ export class Files {
       }),
     );
     return toEntry(data);
+  }
+
+  /**
+   * Watches a directory: `onEvent` gets every change (`create`, `write`, `remove`, `rename`, `chmod`, and
+   * `overflow` if events were lost) with paths relative to `path`. Resolves once the watch is in place, so every
+   * change made after that is reported; `handle.stop()` (or `opts.signal`) ends it.
+   */
+  async watchDir(
+    path: string,
+    onEvent: (event: FilesystemEvent) => void | Promise<void>,
+    opts: WatchOpts = {},
+  ): Promise<WatchHandle> {
+    return watchDir(this.conn, this.sandboxId, path, onEvent, opts);
   }
 
   /** `getInfo`, or undefined when nothing is at `path` (a missing sandbox still rejects with NotFoundError). */

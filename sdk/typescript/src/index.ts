@@ -1,7 +1,8 @@
 // hearth's TypeScript SDK: `Sandbox` (create/connect/list/kill), `sbx.commands`, `sbx.files`, typed errors.
 //
 // Layout: client.ts (connection settings, openapi-fetch transport, error mapping), sandbox.ts, commands.ts,
-// files.ts, sse.ts (event-stream reader), errors.ts; generated/openapi.ts is generated from docs/openapi.json.
+// files.ts, watch.ts (files.watchDir), templates.ts, sse.ts (event-stream reader), errors.ts; generated/openapi.ts
+// is generated from docs/openapi.json.
 
 export { Sandbox } from "./sandbox.js";
 export type {
@@ -19,6 +20,10 @@ export { Commands, CommandHandle } from "./commands.js";
 export type { CommandOpts, ProcessInfo, WaitOpts } from "./commands.js";
 export { Files } from "./files.js";
 export type { EntryInfo, FileData, FileType, WriteEntry } from "./files.js";
+export { WatchHandle } from "./watch.js";
+export type { FilesystemEvent, FilesystemEventType, WatchOpts } from "./watch.js";
+export { Template } from "./templates.js";
+export type { BuildOpts, FromSandboxOpts, Recipe, TemplateBuildEvent, TemplateInfo } from "./templates.js";
 export { DEFAULT_URL } from "./client.js";
 export type { ConnectionOpts, RequestOpts } from "./client.js";
 export {

@@ -53,6 +53,63 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/networks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Private networks and their members. */
+        get: operations["networks_list"];
+        put?: never;
+        /** Create a private network. */
+        post: operations["networks_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/networks/{network}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One private network (by id or name). */
+        get: operations["info"];
+        put?: never;
+        post?: never;
+        /** Delete a private network (refused while sandboxes are attached). */
+        delete: operations["networks_delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/networks/{network}/members/{sandbox}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Attach a sandbox to a private network: members reach each other by address and by
+         *     `<sandbox-id>.<network>.internal` (and `<name>.<network>.internal`) at once.
+         */
+        put: operations["attach"];
+        post?: never;
+        /** Detach a sandbox from a private network; the link to its peers is cut at once. */
+        delete: operations["detach"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes": {
         parameters: {
             query?: never;
@@ -199,6 +256,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/files/watch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Watch a directory: server-sent events (`event:` is the type, `data:` the JSON), starting with `ready` once
+         *     the watch is in place, then `create`, `write`, `remove`, `rename`, `chmod` with paths relative to the
+         *     directory, `overflow` when events were dropped for a slow reader, and `end` when the directory itself goes
+         *     away (`error` if the watch fails). Lasts until the client disconnects.
+         */
+        get: operations["watch"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/fork": {
         parameters: {
             query?: never;
@@ -219,6 +298,41 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/network": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A sandbox's network: its address, egress policy and private networks. */
+        get: operations["networks_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** Replace a sandbox's egress policy; effective at once for new connections and DNS queries. */
+        patch: operations["set_policy"];
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/network/log": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The sandbox's egress audit log: every connection attempt and DNS query, allowed or denied, and why. */
+        get: operations["log"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/pause": {
         parameters: {
             query?: never;
@@ -230,6 +344,43 @@ export interface paths {
         put?: never;
         /** Pause a running sandbox to zero: memory and device state are saved to disk and the VM process ends. */
         post: operations["pause"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/ports/{port}/token": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Hand out a signed, expiring token that opens one port of one sandbox without the API key. */
+        post: operations["token"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/ports/{port}/{path}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Forward a request to a port of the guest (HTTP and WebSocket). Authorised by the API key or a port token
+         *     (`?hearth_token=`); neither reaches the guest.
+         */
+        get: operations["forward"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -298,6 +449,23 @@ export interface paths {
         put?: never;
         /** Wait for a process to exit; returns its status and the tails of its output. */
         post: operations["wait"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/pty": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Open an interactive terminal (WebSocket). See the module documentation of the frames. */
+        get: operations["pty"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -464,7 +632,7 @@ export interface paths {
         put?: never;
         post?: never;
         /** Delete a saved template (refused for built-in ones and while sandboxes use it). */
-        delete: operations["delete"];
+        delete: operations["templates_delete"];
         options?: never;
         head?: never;
         patch?: never;
@@ -570,6 +738,11 @@ export interface components {
             /** @description True when stdout or stderr were longer than the buffered limit and cut; stream the command to get all. */
             truncated?: boolean;
         };
+        /** @description Body of `POST /v1/networks`. */
+        CreateNetworkRequest: {
+            /** @description 1-32 characters: lowercase letters, digits and `-`, starting with a letter (it becomes a DNS label). */
+            name: string;
+        };
         /** @description Body of `POST /v1/sandboxes`. */
         CreateSandboxRequest: {
             /**
@@ -638,6 +811,36 @@ export interface components {
          * @enum {string}
          */
         EgressDefault: "allow" | "deny";
+        /** @description One egress attempt, as recorded in the audit log. */
+        EgressEvent: {
+            allowed: boolean;
+            /** @description RFC 3339 UTC with milliseconds. */
+            at: string;
+            /** @description Destination address (absent for a DNS query that was refused before any address was known). */
+            destination?: string | null;
+            /** @description Name the guest asked for (DNS query, TLS SNI or HTTP Host), where known. */
+            name?: string | null;
+            /** Format: int32 */
+            port?: number | null;
+            protocol: components["schemas"]["NetProtocol"];
+            /**
+             * @description Why: `allow_rule`, `deny_rule`, `default_allow`, `default_deny`, `always_denied`, `private_peer`,
+             *     `dns_blocked`, `resolves_to_denied`, `unresolvable`, `spoofed`.
+             */
+            reason: string;
+            /** @description The rule that decided, when one did. */
+            rule?: string | null;
+        };
+        /** @description Body of `GET /v1/sandboxes/{id}/network/log`. */
+        EgressLog: {
+            /**
+             * Format: int64
+             * @description Entries dropped because the log was full.
+             */
+            dropped: number;
+            /** @description Oldest first; the log keeps the newest entries when it is full. */
+            events: components["schemas"]["EgressEvent"][];
+        };
         /** @description A sandbox's egress policy. */
         EgressPolicy: {
             /** @description Destinations that may be reached: CIDRs, addresses, domains, `*.domain` wildcards. */
@@ -718,6 +921,25 @@ export interface components {
             parents?: boolean;
             path: string;
         };
+        /**
+         * @description Transport protocol of an egress attempt.
+         * @enum {string}
+         */
+        NetProtocol: "tcp" | "udp" | "icmp" | "dns" | "other";
+        /** @description A private network. */
+        NetworkInfo: {
+            /** @description RFC 3339 UTC. */
+            created_at: string;
+            /** @description `net_` + 16 hex digits. */
+            id: string;
+            /** @description Ids of the sandboxes attached to it. */
+            members: string[];
+            name: string;
+        };
+        /** @description Body of `GET /v1/networks`. */
+        NetworkList: {
+            networks: components["schemas"]["NetworkInfo"][];
+        };
         /** @description `network` at create, and the body of `PATCH /v1/sandboxes/{id}/network`. */
         NetworkPolicy: {
             egress?: components["schemas"]["EgressPolicy"];
@@ -732,6 +954,22 @@ export interface components {
          * @enum {string}
          */
         OutputStream: "stdout" | "stderr";
+        /** @description A signed, expiring token that opens one exposed port of one sandbox without the API key. */
+        PortToken: {
+            /** @description RFC 3339 UTC. */
+            expires_at: string;
+            token: string;
+            /** @description Path on the daemon that forwards to the port, with the token as a query parameter. */
+            url: string;
+        };
+        /** @description Body of `POST /v1/sandboxes/{id}/ports/{port}/token`. */
+        PortTokenRequest: {
+            /**
+             * Format: int64
+             * @description Seconds the token stays valid (1-86400). Default 3600.
+             */
+            ttl_s?: number | null;
+        };
         /** @description A process started by the agent (background or foreground) as listed by `GET .../processes`. */
         ProcessInfo: {
             background: boolean;
@@ -823,6 +1061,16 @@ export interface components {
         /** @description Body of `GET /v1/sandboxes`. */
         SandboxList: {
             sandboxes: components["schemas"]["Sandbox"][];
+        };
+        /** @description A sandbox's network as the API reports it (`GET /v1/sandboxes/{id}/network`). */
+        SandboxNetwork: {
+            /** @description The sandbox's address as its private-network peers see it. */
+            address: string;
+            egress: components["schemas"]["EgressPolicy"];
+            /** @description The address the guest itself has on its interface (the same in every sandbox). */
+            guest_address: string;
+            /** @description Names of the private networks the sandbox is attached to. */
+            networks: string[];
         };
         /**
          * @description Lifecycle state of a sandbox.
@@ -976,6 +1224,54 @@ export interface components {
             /** @description RFC 3339 end of the window. */
             to: string;
         };
+        /**
+         * @description One event of a directory watch (`GET .../files/watch`, server-sent events). The SSE `event:` name is the
+         *     variant (`ready`, `create`, `write`, `remove`, `rename`, `chmod`, `overflow`, `end`, `error`) and `data:` is
+         *     this JSON. Paths are relative to the watched directory (`sub/file.txt`).
+         */
+        WatchEvent: {
+            /** @description The watched directory (absolute). */
+            path: string;
+            recursive: boolean;
+            /** @enum {string} */
+            type: "ready";
+        } | {
+            is_dir?: boolean;
+            path: string;
+            /** @enum {string} */
+            type: "create";
+        } | {
+            path: string;
+            /** @enum {string} */
+            type: "write";
+        } | {
+            is_dir?: boolean;
+            path: string;
+            /** @enum {string} */
+            type: "remove";
+        } | {
+            is_dir?: boolean;
+            new_path?: string | null;
+            path: string;
+            /** @enum {string} */
+            type: "rename";
+        } | {
+            is_dir?: boolean;
+            path: string;
+            /** @enum {string} */
+            type: "chmod";
+        } | {
+            /** @enum {string} */
+            type: "overflow";
+        } | {
+            /** @enum {string} */
+            type: "end";
+        } | {
+            code: components["schemas"]["ErrorCode"];
+            message: string;
+            /** @enum {string} */
+            type: "error";
+        };
     };
     responses: never;
     parameters: never;
@@ -1041,6 +1337,197 @@ export interface operations {
                 };
                 content: {
                     "application/json": Record<string, never>;
+                };
+            };
+        };
+    };
+    networks_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NetworkList"];
+                };
+            };
+        };
+    };
+    networks_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateNetworkRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NetworkInfo"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The name is taken */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    info: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Network id or name */
+                network: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NetworkInfo"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    networks_delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Network id or name */
+                network: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Sandboxes are attached */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    attach: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Network id or name */
+                network: string;
+                /** @description Sandbox id */
+                sandbox: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NetworkInfo"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    detach: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Network id or name */
+                network: string;
+                /** @description Sandbox id */
+                sandbox: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NetworkInfo"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };
@@ -1565,6 +2052,59 @@ export interface operations {
             };
         };
     };
+    watch: {
+        parameters: {
+            query: {
+                /** @description Absolute path of a directory in the guest. */
+                path: string;
+                /** @description Also watch every subdirectory, including ones created while watching. */
+                recursive: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The event stream */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["WatchEvent"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not a directory, or the sandbox is not running */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     fork: {
         parameters: {
             query?: never;
@@ -1634,6 +2174,118 @@ export interface operations {
             };
         };
     };
+    networks_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxNetwork"];
+                };
+            };
+            /** @description Networking is off on this daemon */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    set_policy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NetworkPolicy"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxNetwork"];
+                };
+            };
+            /** @description Invalid policy (the message names the rule) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    log: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EgressLog"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     pause: {
         parameters: {
             query?: never;
@@ -1673,6 +2325,103 @@ export interface operations {
                 };
             };
             /** @description The capture failed; the sandbox keeps running if its VM still does */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    token: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description Guest port */
+                port: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PortTokenRequest"] | null;
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PortToken"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    forward: {
+        parameters: {
+            query?: {
+                /** @description Port token instead of the API key */
+                hearth_token?: string;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description Guest port */
+                port: number;
+                /** @description Path on the guest's server */
+                path: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Whatever the guest's server answers (any method is forwarded) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Nothing listens on the port */
             502: {
                 headers: {
                     [name: string]: unknown;
@@ -1838,6 +2587,82 @@ export interface operations {
             };
             /** @description Still running after timeout_s */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    pty: {
+        parameters: {
+            query?: {
+                /** @description Shell command line to run (`/bin/sh -c`). Default: `/bin/bash -l` if the guest has it, else `/bin/sh`. */
+                cmd?: string;
+                /** @description Terminal rows at start (1-4096, default 24). */
+                rows?: number;
+                /** @description Terminal columns at start (1-4096, default 80). */
+                cols?: number;
+                /** @description Absolute working directory (default `/root`, else `/`). */
+                cwd?: string;
+                /** @description Extra environment as a JSON object (`{"NAME":"value"}`); `TERM` defaults to `xterm-256color`. */
+                env?: string;
+                /** @description The API key, for clients that can set neither the `Authorization` header nor the subprotocol. */
+                access_token?: string;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Switching to the WebSocket protocol (subprotocol `hearth.pty.v1`). Binary frames carry terminal bytes both ways; text frames carry JSON control messages: from the client `{"type":"resize","rows":R,"cols":C}` and `{"type":"signal","signal":N}`, from the server `{"type":"exit","exit_code":N}` before it closes. Authentication: the Authorization header, or the subprotocol entry `hearth.key.<key>`, or `access_token`. */
+            101: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The sandbox is not running */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The agent is unreachable */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2234,7 +3059,7 @@ export interface operations {
             };
         };
     };
-    delete: {
+    templates_delete: {
         parameters: {
             query?: never;
             header?: never;
