@@ -2,7 +2,8 @@
 //! gateway side, as hearth-net lays out every sandbox namespace) and an HTTP test host on the gateway
 //! address; the VM gets the tap (`VmSpec::net`), its agent configures eth0 from `hearth.net=`, and a program
 //! in the guest fetches a page from the test host. Then the VM is paused (QEMU exits) and resumed in a fresh
-//! QEMU on the same tap, and the guest reaches the test host again.
+//! QEMU on the same tap, and the guest reaches the test host again. A checkpoint forked into a second
+//! namespace reaches that namespace's test host while the original goes on in its own.
 //!
 //! Needs root (namespaces, taps) and the images from `images/build.sh` (whose initramfs carries the agent
 //! of this checkout: rebuild them after changing the agent). Traffic stays inside the test's namespace.
@@ -42,8 +43,8 @@ fn require(path: PathBuf) -> PathBuf {
 /// Requests the test host answered: (peer, request line).
 type Served = Arc<Mutex<Vec<(SocketAddr, String)>>>;
 
-/// An HTTP/1.0 test host on the gateway address inside `ns`: answers every request with `hello <path>`.
-fn serve_http(ns: &Path) -> Served {
+/// An HTTP/1.0 test host on the gateway address inside `ns`: answers every request with `<tag> <path>`.
+fn serve_http(ns: &Path, tag: &'static str) -> Served {
     let addr = SocketAddr::V4(SocketAddrV4::new(hearth_net::GATEWAY, HTTP_PORT));
     let std_listener = hearth_net::netns::tcp_listener(ns, addr).expect("listener in the test namespace");
     let listener = tokio::net::TcpListener::from_std(std_listener).expect("tokio listener");
@@ -68,7 +69,7 @@ fn serve_http(ns: &Path) -> Served {
                 let line = text.lines().next().unwrap_or_default().to_string();
                 let path = line.split(' ').nth(1).unwrap_or("?").to_string();
                 log.lock().expect("log").push((peer, line));
-                let body = format!("hello {path}\n");
+                let body = format!("{tag} {path}\n");
                 let resp = format!(
                     "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
@@ -169,18 +170,11 @@ fn assert_served_from_guest(served: &Served, path: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
+/// A VM of 256 MiB on the minimal image with its NIC on `ns`'s tap.
+fn spec_in(run: &Path, disk: PathBuf, id: &str, ns: &TestNetns) -> VmSpec {
     let images = images_dir();
-    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
-    let ns = TestNetns::new();
-    let served = serve_http(&ns.path);
-
-    let run = tempfile::tempdir().expect("tempdir");
-    let base = require(images.join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
-    let spec = VmSpec {
-        id: "sbx_00000000000000ee".into(),
+    VmSpec {
+        id: id.into(),
         vcpus: 1,
         memory_mib: 256,
         images: BootImages {
@@ -188,15 +182,27 @@ async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
             vmlinux: images.join("vmlinux"),
             initramfs: require(images.join("initramfs.cpio.gz")),
         },
-        disk: disk.clone(),
-        run_dir: run.path().to_path_buf(),
-        hostname: "nic-test".into(),
+        disk,
+        run_dir: run.to_path_buf(),
+        hostname: id.replace('_', "-"),
         net: Some(NetAttach {
             netns: ns.path.clone(),
             tap: hearth_net::TAP_NAME.into(),
             guest_mac: hearth_net::GUEST_MAC.into(),
         }),
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let ns = TestNetns::new();
+    let served = serve_http(&ns.path, "hello");
+
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/minimal.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let spec = spec_in(run.path(), disk.clone(), "sbx_00000000000000ee", &ns);
     let vm = vmm.start(&spec).await.expect("start");
     let mut guard = Guard {
         vmm: &vmm,
@@ -261,33 +267,91 @@ async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
     assert!(!ns.tap_attached(), "{}", ns.tap_link());
 }
 
+/// Forks (issue 4, item 8): a checkpoint of a VM in one namespace restored into another namespace laid out
+/// the same way reaches that namespace's test host, unconfigured, while the original goes on in its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_in_another_namespace_reaches_that_namespace_while_the_original_runs_on() {
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let ns_a = TestNetns::new();
+    let served_a = serve_http(&ns_a.path, "origin");
+    let ns_b = TestNetns::new();
+    let served_b = serve_http(&ns_b.path, "fork");
+
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/minimal.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let vm = vmm
+        .start(&spec_in(run.path(), disk.clone(), "sbx_00000000000000f0", &ns_a))
+        .await
+        .expect("start");
+    let _guard = Guard {
+        vmm: &vmm,
+        vm: Some(vm.clone()),
+    };
+    let c = wait_agent(&vmm, &vm).await;
+    assert_eq!(fetch(&c, "a1").await, "origin /a1");
+
+    c.sync().await.expect("sync");
+    let snap = tempfile::tempdir().expect("tempdir");
+    let info = vmm
+        .snapshot(&vm, &disk, snap.path(), SnapshotMode::Checkpoint)
+        .await
+        .expect("checkpoint");
+    let ck_disk = snap.path().join(info.disk.as_deref().expect("checkpoint disk"));
+
+    let frun = tempfile::tempdir().expect("tempdir");
+    let fdisk = vmm.prepare_disk(&ck_disk, frun.path()).await.expect("fork disk");
+    let fork = vmm
+        .restore(
+            &spec_in(frun.path(), fdisk, "sbx_00000000000000f1", &ns_b),
+            snap.path(),
+            &info,
+        )
+        .await
+        .expect("fork");
+    let _fguard = Guard {
+        vmm: &vmm,
+        vm: Some(fork.clone()),
+    };
+    let fc = wait_agent(&vmm, &fork).await;
+    assert_eq!(fetch(&fc, "b1").await, "fork /b1");
+    assert_served_from_guest(&served_b, "b1");
+    assert_eq!(fetch(&c, "a2").await, "origin /a2");
+    assert_served_from_guest(&served_a, "a2");
+    // Neither reached the other's namespace.
+    let a: Vec<String> = served_a
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|(_, l)| l.clone())
+        .collect();
+    let b: Vec<String> = served_b
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|(_, l)| l.clone())
+        .collect();
+    assert!(a.iter().all(|l| !l.contains("/b")), "{a:?}");
+    assert!(b.iter().all(|l| !l.contains("/a")), "{b:?}");
+    assert!(ns_a.tap_attached() && ns_b.tap_attached());
+
+    drop((c, fc));
+    vmm.stop(&fork).await.expect("stop fork");
+    vmm.stop(&vm).await.expect("stop original");
+}
+
 /// A NIC whose tap is missing fails the start cleanly (no QEMU left, no tap created in the namespace).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_tap_fails_the_start() {
-    let images = images_dir();
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let ns = TestNetns::new();
     let run = tempfile::tempdir().expect("tempdir");
-    let base = require(images.join("rootfs/minimal.ext4"));
+    let base = require(images_dir().join("rootfs/minimal.ext4"));
     let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
-    let spec = VmSpec {
-        id: "sbx_00000000000000ef".into(),
-        vcpus: 1,
-        memory_mib: 256,
-        images: BootImages {
-            vmlinuz: require(images.join("vmlinuz")),
-            vmlinux: images.join("vmlinux"),
-            initramfs: require(images.join("initramfs.cpio.gz")),
-        },
-        disk,
-        run_dir: run.path().to_path_buf(),
-        hostname: "nic-missing".into(),
-        net: Some(NetAttach {
-            netns: ns.path.clone(),
-            tap: "tap9".into(),
-            guest_mac: hearth_net::GUEST_MAC.into(),
-        }),
-    };
+    let mut spec = spec_in(run.path(), disk, "sbx_00000000000000ef", &ns);
+    if let Some(net) = spec.net.as_mut() {
+        net.tap = "tap9".into();
+    }
     let err = vmm.start(&spec).await.expect_err("no tap9");
     assert!(err.to_string().contains("tap9"), "{err}");
     assert!(!ip_out(&["-n", &ns.name, "link", "show"]).contains("tap9"));
