@@ -6,7 +6,7 @@ use utoipa::Modify;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::http::{commands, files, pty, sandboxes, system, templates, watch};
+use crate::http::{commands, files, network, ports, pty, sandboxes, system, templates, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -20,6 +20,8 @@ use crate::http::{commands, files, pty, sandboxes, system, templates, watch};
         commands::run, commands::processes, commands::wait, commands::kill, commands::stdin, pty::pty,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         watch::watch,
+        network::get, network::set_policy, network::log, network::create, network::list, network::info,
+        network::delete, network::attach, network::detach, ports::token, ports::forward,
         system::healthz, system::system, system::metrics, system::openapi,
     ),
     components(schemas(hearth_api::ErrorCode, hearth_api::ErrorDetail, hearth_api::SandboxState,
@@ -32,6 +34,7 @@ use crate::http::{commands, files, pty, sandboxes, system, templates, watch};
         (name = "snapshots", description = "Checkpoints of running sandboxes, forks, and sandboxes started from them"),
         (name = "templates", description = "Built-in templates and templates saved from sandboxes"),
         (name = "usage", description = "Metering: running, vCPU, memory and paused seconds per sandbox"),
+        (name = "networks", description = "Egress policy, audit log, private networks and exposed ports"),
         (name = "system", description = "Health, metrics and host report"),
     )
 )]

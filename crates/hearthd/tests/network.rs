@@ -94,7 +94,7 @@ async fn egress_policy_by_cidr_and_domain_with_dns_and_audit() {
         json!([
             ["http", format!("http://{HOST_A}/")],
             ["udp", HOST_A.to_string(), 5353],
-            ["resolve", "b.test"],
+            ["resolve", "www.a.test"],
         ]),
     )
     .await;
@@ -105,7 +105,7 @@ async fn egress_policy_by_cidr_and_domain_with_dns_and_audit() {
     assert!(ok(&r[1]), "default allow: UDP too: {r:?}");
     assert_eq!(
         r[2],
-        format!("OK {HOST_B}"),
+        format!("OK {HOST_A}"),
         "default allow resolves any name: {r:?}"
     );
 
@@ -132,12 +132,13 @@ async fn egress_policy_by_cidr_and_domain_with_dns_and_audit() {
             ["udp", HOST_A.to_string(), 5353],                       // 6 UDP to the allowed host
             ["http", "http://private.test/"],                        // 7 allowed name resolving into 10/8
             ["http", "http://meta.test/"],                           // 8 ... and to the metadata address
-            ["tcp", METADATA.to_string(), 80],                       // 9 metadata by address
+            ["http", format!("http://{METADATA}/")],                       // 9 metadata by address
             ["tcp", UPLINK_ADDR.to_string(), 2222],                  // 10 the host (uplink) address
             ["dns", DNS.to_string(), "direct.test"],                 // 11 DNS to another resolver
             ["tcp", DNS.to_string(), 53],                            // 12 DNS over TCP to it
             ["tcp", open_addr.clone(), 22],                          // 13 another sandbox
             ["tcp", hearth_net::GATEWAY.to_string(), 22],            // 14 the gateway's other ports
+            ["tcp", METADATA.to_string(), 8080],                     // 15 metadata, a port the proxy does not see
         ]),
     )
     .await;
@@ -152,7 +153,8 @@ async fn egress_policy_by_cidr_and_domain_with_dns_and_audit() {
     assert!(!ok(&r[2]), "b.test must not resolve: {r:?}");
     assert!(
         !fi.seen.queried("b.test"),
-        "the refused name must not reach upstream"
+        "the refused name must not reach upstream: {:?} {r:?}",
+        fi.seen.queries.lock().unwrap()
     );
     assert!(!ok(&r[3]), "B's address must be refused: {r:?}");
     assert!(
@@ -167,6 +169,7 @@ async fn egress_policy_by_cidr_and_domain_with_dns_and_audit() {
         "a name resolving to the metadata address must be refused: {r:?}"
     );
     assert!(!ok(&r[9]), "metadata address: {r:?}");
+    assert!(!ok(&r[15]), "metadata address, kernel path: {r:?}");
     assert!(!ok(&r[10]), "the host's address: {r:?}");
     assert!(!ok(&r[11]), "direct DNS: {r:?}");
     assert!(
@@ -289,10 +292,10 @@ async fn private_networks_ingress_exposed_ports_and_restart() {
         .create(json!({"template": TEMPLATE, "networks": ["green"]}))
         .await;
 
-    let r = d
-        .run(&web.id, json!({"cmd": "cd /root && echo served-by-web > index.html && python3 -m http.server 8000 >/dev/null 2>&1", "background": true}))
+    let (status, body) = d
+        .run_raw(&web.id, json!({"cmd": "cd /root && echo served-by-web > index.html && exec python3 -m http.server 8000 >/dev/null 2>&1", "background": true}))
         .await;
-    assert_eq!(r.exit_code, 0);
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let web_addr: String = {
         let v: Value = d
             .req(Method::GET, &format!("/v1/sandboxes/{}/network", web.id))
@@ -379,7 +382,8 @@ async fn private_networks_ingress_exposed_ports_and_restart() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
-    let tampered = format!("{}0", &t[..t.len() - 1]);
+    let flipped = if t.ends_with('0') { '1' } else { '0' };
+    let tampered = format!("{}{flipped}", &t[..t.len() - 1]);
     let resp = d
         .http
         .get(d.url(&format!("{path}?hearth_token={tampered}")))
@@ -459,5 +463,127 @@ async fn private_networks_ingress_exposed_ports_and_restart() {
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    }
+}
+
+async fn address_of(d: &Daemon, id: &str) -> String {
+    let v: Value = d
+        .req(Method::GET, &format!("/v1/sandboxes/{id}/network"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["address"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_and_forked_sandboxes_keep_working_connectivity() {
+    let fi = FakeInternet::new();
+    let flags = fi.daemon_flags("10.213.23.0/24");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let d = Daemon::start_with(&flags).await;
+    let resp = d
+        .req(Method::POST, "/v1/networks")
+        .json(&json!({"name": "lab"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let parent = d
+        .create(json!({"template": TEMPLATE, "networks": ["lab"],
+            "network": {"egress": {"default": "deny", "allow": ["a.test"]}}}))
+        .await;
+    let reach = json!([["http", "http://a.test/"], ["tcp", HOST_B.to_string(), 8080]]);
+    let r = probe(&d, &parent.id, reach.clone()).await;
+    assert!(ok(&r[0]) && !ok(&r[1]), "before pause: {r:?}");
+
+    // Pause to zero and resume: same address, the network works again, the policy still holds.
+    let before = address_of(&d, &parent.id).await;
+    let resp = d
+        .req(Method::POST, &format!("/v1/sandboxes/{}/pause", parent.id))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        StatusCode::OK,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    let resp = d
+        .req(Method::POST, &format!("/v1/sandboxes/{}/resume", parent.id))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        StatusCode::OK,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    assert_eq!(address_of(&d, &parent.id).await, before);
+    let r = probe(&d, &parent.id, reach.clone()).await;
+    assert!(ok(&r[0]) && !ok(&r[1]), "after resume: {r:?}");
+
+    // Forks: each child its own address, working egress under the inherited policy, and on the parent's
+    // private network.
+    let resp = d
+        .req(Method::POST, &format!("/v1/sandboxes/{}/fork", parent.id))
+        .json(&json!({"count": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        StatusCode::CREATED,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    let fork: Value = resp.json().await.unwrap();
+    let children: Vec<String> = fork["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    let mut addrs = vec![before.clone()];
+    for child in &children {
+        let a = address_of(&d, child).await;
+        assert!(!addrs.contains(&a), "child {child} got a taken address {a}");
+        addrs.push(a);
+        let r = probe(&d, child, reach.clone()).await;
+        assert!(ok(&r[0]) && !ok(&r[1]), "child {child}: {r:?}");
+    }
+    let (status, body) = d
+        .run_raw(&children[0], json!({"cmd": "exec python3 -m http.server 8000 --directory /etc >/dev/null 2>&1", "background": true}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let mut r = Vec::new();
+    for _ in 0..10 {
+        r = probe(
+            &d,
+            &children[1],
+            json!([[
+                "http",
+                format!("http://{}.lab.internal:8000/hostname", children[0])
+            ]]),
+        )
+        .await;
+        if ok(&r[0]) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    assert!(ok(&r[0]), "siblings talk on the inherited network: {r:?}");
+    assert!(
+        r[0].contains(&children[0].replace('_', "-")),
+        "the sibling answered with its own hostname: {r:?}"
+    );
+
+    for id in children.iter().chain([&parent.id]) {
+        d.destroy(id).await;
+        assert!(!netns_exists(id));
     }
 }

@@ -11,6 +11,8 @@
 pub mod commands;
 pub mod error;
 pub mod files;
+pub mod network;
+pub mod ports;
 pub mod pty;
 pub mod sandboxes;
 pub mod sse;
@@ -123,14 +125,47 @@ pub fn app(state: AppState) -> Router {
         // Lasts as long as the client listens.
         .route("/sandboxes/{id}/files/watch", get(watch::watch))
         .route("/system", get(system::system.layer(quick())))
+        .route(
+            "/sandboxes/{id}/network",
+            get(network::get.layer(quick())).patch(network::set_policy.layer(quick())),
+        )
+        .route("/sandboxes/{id}/network/log", get(network::log.layer(quick())))
+        .route(
+            "/sandboxes/{id}/ports/{port}/token",
+            post(ports::token.layer(quick())),
+        )
+        .route(
+            "/networks",
+            post(network::create.layer(quick())).get(network::list.layer(quick())),
+        )
+        .route(
+            "/networks/{network}",
+            get(network::info.layer(quick())).delete(network::delete.layer(quick())),
+        )
+        .route(
+            "/networks/{network}/members/{sandbox}",
+            axum::routing::put(network::attach.layer(quick())).delete(network::detach.layer(quick())),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .route_layer(middleware::from_fn(count_requests));
+    // Exposed ports authorise themselves (API key or port token) and stream both ways without a timeout.
+    let ports = Router::new()
+        .route("/sandboxes/{id}/ports/{port}", axum::routing::any(ports::forward))
+        .route(
+            "/sandboxes/{id}/ports/{port}/",
+            axum::routing::any(ports::forward),
+        )
+        .route(
+            "/sandboxes/{id}/ports/{port}/{*path}",
+            axum::routing::any(ports::forward),
+        )
         .route_layer(middleware::from_fn(count_requests));
     Router::new()
         .route("/healthz", get(system::healthz))
         .route("/metrics", get(system::metrics))
         .route("/openapi.json", get(system::openapi))
         .route_layer(middleware::from_fn(count_requests))
-        .nest("/v1", v1)
+        .nest("/v1", v1.merge(ports))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(JSON_LIMIT))

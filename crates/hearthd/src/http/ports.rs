@@ -34,7 +34,9 @@ fn parse_port(s: &str) -> Result<u16, ApiError> {
 
 /// Splits `/v1/sandboxes/{id}/ports/{port}/rest…` into id, port and the rest (with a leading `/`).
 fn split_path(path: &str) -> Option<(String, &str, String)> {
-    let rest = path.strip_prefix("/v1/sandboxes/")?;
+    // Nested under `/v1`, the router sees the path without that prefix.
+    let path = path.strip_prefix("/v1").unwrap_or(path);
+    let rest = path.strip_prefix("/sandboxes/")?;
     let (id, rest) = rest.split_once('/')?;
     let rest = rest.strip_prefix("ports/")?;
     let (port, tail) = match rest.split_once('/') {

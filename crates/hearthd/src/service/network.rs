@@ -138,27 +138,36 @@ impl Networking {
         }
     }
 
-    /// Creates the sandbox's namespace and rules and starts its services. On error nothing is left.
+    /// Creates the sandbox's namespace and rules and starts its services. On error nothing is left. A
+    /// namespace that exists already (a running sandbox found at start-up: its VM's tap lives there) is kept
+    /// and only its rules are applied again.
     async fn bring_up(&self, row: &SandboxNetRow, peers: Vec<Ipv4Addr>) -> Result<(), String> {
         let policy = Policy::parse(&row.policy).map_err(|e| e.to_string())?;
         let spec = self.plane_spec(row, &policy, peers);
         let plane = self.plane.clone();
         let id = row.sandbox_id.clone();
+        let keep = hearth_net::netns_path(&id).exists();
         tokio::task::spawn_blocking(move || {
-            // A leftover of an earlier life (crash, restart) is replaced, not reused.
-            let _ = plane.destroy_sandbox(&spec.id);
-            plane.create_sandbox(&spec)
+            if keep {
+                plane.apply_rules(&spec)
+            } else {
+                plane.create_sandbox(&spec)
+            }
         })
         .await
         .map_err(|e| format!("network task: {e}"))?
         .map_err(|e| format!("network of {id}: {e}"))?;
+        // Services of an earlier life of this daemon are replaced.
+        self.runtime().remove(&id);
         match self.start_services(&id, policy) {
             Ok(rt) => {
                 self.runtime().insert(id, rt);
                 Ok(())
             }
             Err(e) => {
-                let _ = self.plane.destroy_sandbox(&id);
+                if !keep {
+                    let _ = self.plane.destroy_sandbox(&id);
+                }
                 Err(format!("network services of {id}: {e}"))
             }
         }
@@ -169,10 +178,12 @@ impl Networking {
         let ctx = Arc::new(SandboxNetCtx::new(id, policy, self.uplink_addrs.clone()));
         let gw = IpAddr::V4(hearth_net::GATEWAY);
         let dns_socket = hearth_net::netns::udp_socket(&ns, SocketAddr::new(gw, 53))?;
+        let dns_listener = hearth_net::netns::tcp_listener(&ns, SocketAddr::new(gw, 53))?;
         let proxy_listener =
             hearth_net::netns::tcp_listener(&ns, SocketAddr::new(gw, hearth_net::PROXY_PORT))?;
         let mut tasks = vec![
             hearth_net::dns::spawn_resolver(dns_socket, ctx.clone(), self.upstream.clone()),
+            hearth_net::dns::spawn_tcp_resolver(dns_listener, ctx.clone(), self.upstream.clone()),
             hearth_net::proxy::spawn_proxy(
                 proxy_listener,
                 ctx.clone(),

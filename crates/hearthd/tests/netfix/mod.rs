@@ -113,7 +113,16 @@ pub struct FakeInternet {
     up: Netns,
     inet: Netns,
     pub seen: Seen,
-    _rt: tokio::runtime::Runtime,
+    _rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for FakeInternet {
+    fn drop(&mut self) {
+        // Dropped inside the test's runtime: the servers' runtime must not block on its way out.
+        if let Some(rt) = self._rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl FakeInternet {
@@ -184,7 +193,7 @@ impl FakeInternet {
             up,
             inet,
             seen,
-            _rt: rt,
+            _rt: Some(rt),
         };
         fi.start_servers();
         fi
@@ -216,27 +225,24 @@ impl FakeInternet {
 
     fn start_servers(&self) {
         let ns = self.inet.path.clone();
-        let _guard = self._rt.enter();
+        let rt = self._rt.as_ref().unwrap();
+        let _guard = rt.enter();
         for host in [HOST_A, HOST_B, METADATA, PRIVATE] {
             for port in [80u16, 8080] {
                 let l = hearth_net::netns::tcp_listener(&ns, SocketAddr::from((host, port))).unwrap();
                 let seen = self.seen.clone();
-                self._rt
-                    .spawn(serve_text(tokio::net::TcpListener::from_std(l).unwrap(), seen));
+                rt.spawn(serve_text(tokio::net::TcpListener::from_std(l).unwrap(), seen));
             }
             let l = hearth_net::netns::tcp_listener(&ns, SocketAddr::from((host, 443))).unwrap();
             let seen = self.seen.clone();
-            self._rt
-                .spawn(serve_tls(tokio::net::TcpListener::from_std(l).unwrap(), seen));
+            rt.spawn(serve_tls(tokio::net::TcpListener::from_std(l).unwrap(), seen));
             let u = hearth_net::netns::udp_socket(&ns, SocketAddr::from((host, 5353))).unwrap();
             let seen = self.seen.clone();
-            self._rt
-                .spawn(serve_udp_echo(tokio::net::UdpSocket::from_std(u).unwrap(), seen));
+            rt.spawn(serve_udp_echo(tokio::net::UdpSocket::from_std(u).unwrap(), seen));
         }
         let u = hearth_net::netns::udp_socket(&ns, SocketAddr::from((DNS, 53))).unwrap();
         let seen = self.seen.clone();
-        self._rt
-            .spawn(serve_dns(tokio::net::UdpSocket::from_std(u).unwrap(), seen));
+        rt.spawn(serve_dns(tokio::net::UdpSocket::from_std(u).unwrap(), seen));
     }
 
     /// Opens a TCP connection from the internet namespace (an "ingress" attempt); true when it connected.
