@@ -2,7 +2,8 @@
 //! gateway side, as hearth-net lays out every sandbox namespace) and an HTTP test host on the gateway
 //! address; the VM gets the tap (`VmSpec::net`), its agent configures eth0 from `hearth.net=`, and a program
 //! in the guest fetches a page from the test host. Then the VM is paused (QEMU exits) and resumed in a fresh
-//! QEMU on the same tap, and the guest reaches the test host again. A checkpoint forked into a second
+//! QEMU on the same tap: the guest reaches the test host again, and a TCP connection from the test host to
+//! the guest, opened before the pause, carries on. A checkpoint forked into a second
 //! namespace reaches that namespace's test host while the original goes on in its own.
 //!
 //! Needs root (namespaces, taps) and the images from `images/build.sh` (whose initramfs carries the agent
@@ -242,6 +243,23 @@ async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
     let neigh = ip_out(&["-n", &ns.name, "neigh", "show", "dev", hearth_net::TAP_NAME]);
     assert!(neigh.contains(hearth_net::GUEST_MAC), "{neigh}");
 
+    // A connection from the test host to a listener in the guest, open across the pause.
+    c.spawn_background(ExecRequest::shell("busybox nc -l -p 9000 > /tmp/got"))
+        .await
+        .expect("listener in the guest");
+    let guest_port = SocketAddr::V4(SocketAddrV4::new(hearth_net::GUEST_ADDR, 9000));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut held = loop {
+        match hearth_net::netns::connect_tcp(&ns.path, guest_port).await {
+            Ok(conn) => break conn,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "guest listener: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    held.write_all(b"before\n").await.expect("write before the pause");
+
     // Pause: QEMU saves the state and exits, letting go of the tap (which stays, with its address).
     let snap = tempfile::tempdir().expect("tempdir");
     let info = vmm
@@ -260,6 +278,18 @@ async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
     eprintln!("resumed with the NIC in {:?}", t.elapsed());
     assert_eq!(fetch(&c, "second").await, "hello /second");
     assert_served_from_guest(&served, "second");
+    // The connection made before the pause carries on (both ends kept their TCP state).
+    held.write_all(b"after\n").await.expect("write after the resume");
+    held.shutdown().await.expect("close");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = out(&c, "cat /tmp/got").await;
+        if got == "before\nafter" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the guest got {got:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(ns.tap_attached(), "the tap is not attached: {}", ns.tap_link());
 
     vmm.stop(&resumed).await.expect("stop");
