@@ -22,6 +22,7 @@
 //! - [`plane`]: create/destroy a sandbox's namespace, links, routes and nftables rules; the uplink "hub";
 //!   sweeping what belongs to no live sandbox.
 //! - [`nflog`]: reads the kernel's NFLOG records of the nftables rules into audit events.
+//! - [`ruleset`]: the nftables rulesets (sandbox table, hub table, peer pairs) as text for `nft -f -`.
 //! - [`policy`]: parsed egress policy and its decisions.
 //! - [`dns`]: the per-sandbox resolver and the upstream client.
 //! - [`proxy`]: the transparent TCP egress proxy (TLS SNI / HTTP Host).

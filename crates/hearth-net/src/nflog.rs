@@ -9,9 +9,11 @@
 //!
 //! The socket holds a reference on the namespace: abort the task (or drop the receiver) when the sandbox goes.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use hearth_api::network::NetProtocol;
 use nix::sys::socket::{
@@ -22,7 +24,7 @@ use tokio::sync::mpsc::Sender;
 use tokio::task::JoinHandle;
 
 /// One connection attempt decided by the sandbox's nftables rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KernelEvent {
     pub allowed: bool,
     /// The reason of the prefix, e.g. `allow_rule`, `deny_rule`, `always_denied`, `dns_blocked`.
@@ -35,6 +37,11 @@ pub struct KernelEvent {
 
 /// How many bytes of each packet the kernel copies: enough for the IP header(s) and the ports.
 pub const COPY_RANGE: u32 = 128;
+/// A packet logged again within this time with the same ports is a retransmission of the same attempt (a
+/// dropped SYN is retried after 1, 3, 7… s, and each retry is logged) and is not reported again.
+pub const REPEAT_WINDOW: Duration = Duration::from_secs(60);
+/// Attempts remembered for [`REPEAT_WINDOW`] at most.
+const REPEAT_MEMORY: usize = 4096;
 
 // Netlink and nfnetlink_log constants (linux/netlink.h, linux/netfilter/nfnetlink*.h).
 const NLMSG_HDRLEN: usize = 16;
@@ -136,6 +143,7 @@ fn request(fd: &OwnedFd, seq: u32, msg: &[u8]) -> std::io::Result<()> {
 
 async fn read_loop(fd: AsyncFd<OwnedFd>, tx: Sender<KernelEvent>) {
     let mut buf = vec![0u8; 65536];
+    let mut repeats = Repeats::default();
     loop {
         let mut guard = tokio::select! {
             _ = tx.closed() => return,
@@ -149,7 +157,10 @@ async fn read_loop(fd: AsyncFd<OwnedFd>, tx: Sender<KernelEvent>) {
         };
         match socket::recv(fd.get_ref().as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
             Ok(n) => {
-                for ev in parse_datagram(buf.get(..n).unwrap_or(&[])) {
+                for (ev, sport) in records(buf.get(..n).unwrap_or(&[])) {
+                    if repeats.is_repeat(&ev, sport, Instant::now()) {
+                        continue;
+                    }
                     if tx.send(ev).await.is_err() {
                         return;
                     }
@@ -241,6 +252,11 @@ fn messages(buf: &[u8]) -> Vec<NlMsg<'_>> {
 /// Every [`KernelEvent`] in one datagram from the NFLOG socket. Messages that are not packets, or whose
 /// prefix is not the data plane's, are skipped.
 pub fn parse_datagram(buf: &[u8]) -> Vec<KernelEvent> {
+    records(buf).into_iter().map(|(ev, _)| ev).collect()
+}
+
+/// The events of a datagram with their packets' source ports.
+fn records(buf: &[u8]) -> Vec<(KernelEvent, Option<u16>)> {
     messages(buf)
         .into_iter()
         .filter(|m| m.ty == ((NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET))
@@ -248,8 +264,36 @@ pub fn parse_datagram(buf: &[u8]) -> Vec<KernelEvent> {
         .collect()
 }
 
+/// Recently reported attempts, to drop the kernel's records of their retransmissions.
+#[derive(Default)]
+struct Repeats {
+    seen: HashMap<(KernelEvent, Option<u16>), Instant>,
+}
+
+impl Repeats {
+    /// Whether this record repeats one reported less than [`REPEAT_WINDOW`] ago (same verdict, destination
+    /// and both ports); otherwise remembers it.
+    fn is_repeat(&mut self, ev: &KernelEvent, sport: Option<u16>, now: Instant) -> bool {
+        let key = (ev.clone(), sport);
+        if let Some(at) = self.seen.get(&key)
+            && now.saturating_duration_since(*at) < REPEAT_WINDOW
+        {
+            return true;
+        }
+        if self.seen.len() >= REPEAT_MEMORY {
+            self.seen
+                .retain(|_, at| now.saturating_duration_since(*at) < REPEAT_WINDOW);
+            if self.seen.len() >= REPEAT_MEMORY {
+                self.seen.clear();
+            }
+        }
+        self.seen.insert(key, now);
+        false
+    }
+}
+
 /// One `NFULNL_MSG_PACKET` body (after the netlink header): nfgenmsg, then attributes.
-fn parse_packet_msg(body: &[u8]) -> Option<KernelEvent> {
+fn parse_packet_msg(body: &[u8]) -> Option<(KernelEvent, Option<u16>)> {
     let mut prefix = None;
     let mut payload = None;
     let mut off = NFGENMSG_LEN;
@@ -267,14 +311,15 @@ fn parse_packet_msg(body: &[u8]) -> Option<KernelEvent> {
         off = align4(off + len);
     }
     let (allowed, reason) = parse_prefix(prefix?)?;
-    let (protocol, destination, port) = parse_ip(payload?)?;
-    Some(KernelEvent {
+    let p = parse_packet(payload?)?;
+    let ev = KernelEvent {
         allowed,
         reason,
-        protocol,
-        destination,
-        port,
-    })
+        protocol: p.protocol,
+        destination: p.destination,
+        port: p.dport,
+    };
+    Some((ev, p.sport))
 }
 
 /// `allow:<reason>` or `deny:<reason>` (NUL-terminated), the reason made of `a-z`, `0-9` and `_`.
@@ -298,6 +343,17 @@ pub fn parse_prefix(raw: &[u8]) -> Option<(bool, String)> {
 /// Protocol, destination and destination port of an IPv4 or IPv6 packet (possibly truncated to
 /// [`COPY_RANGE`]).
 pub fn parse_ip(p: &[u8]) -> Option<(NetProtocol, IpAddr, Option<u16>)> {
+    parse_packet(p).map(|p| (p.protocol, p.destination, p.dport))
+}
+
+struct Packet {
+    protocol: NetProtocol,
+    destination: IpAddr,
+    sport: Option<u16>,
+    dport: Option<u16>,
+}
+
+fn parse_packet(p: &[u8]) -> Option<Packet> {
     match p.first()? >> 4 {
         4 => {
             let ihl = usize::from(p.first()? & 0x0f) * 4;
@@ -307,12 +363,18 @@ pub fn parse_ip(p: &[u8]) -> Option<(NetProtocol, IpAddr, Option<u16>)> {
             let dst: [u8; 4] = p.get(16..20)?.try_into().ok()?;
             let proto = *p.get(9)?;
             let first_fragment = u16_be(p, 6)? & 0x1fff == 0;
-            let port = if first_fragment {
-                l4_port(proto, p, ihl)
+            let (sport, dport) = if first_fragment {
+                l4_ports(proto, p, ihl)
             } else {
-                None
+                (None, None)
             };
-            Some((protocol(proto), IpAddr::V4(Ipv4Addr::from(dst)), port))
+            let destination = IpAddr::V4(Ipv4Addr::from(dst));
+            Some(Packet {
+                protocol: protocol(proto),
+                destination,
+                sport,
+                dport,
+            })
         }
         6 => {
             let dst: [u8; 16] = p.get(24..40)?.try_into().ok()?;
@@ -340,12 +402,18 @@ pub fn parse_ip(p: &[u8]) -> Option<(NetProtocol, IpAddr, Option<u16>)> {
                     _ => break,
                 }
             }
-            let port = if first_fragment {
-                l4_port(next, p, off)
+            let (sport, dport) = if first_fragment {
+                l4_ports(next, p, off)
             } else {
-                None
+                (None, None)
             };
-            Some((protocol(next), IpAddr::V6(Ipv6Addr::from(dst)), port))
+            let destination = IpAddr::V6(Ipv6Addr::from(dst));
+            Some(Packet {
+                protocol: protocol(next),
+                destination,
+                sport,
+                dport,
+            })
         }
         _ => None,
     }
@@ -360,10 +428,11 @@ fn protocol(proto: u8) -> NetProtocol {
     }
 }
 
-fn l4_port(proto: u8, p: &[u8], l4: usize) -> Option<u16> {
+/// Source and destination ports of TCP and UDP.
+fn l4_ports(proto: u8, p: &[u8], l4: usize) -> (Option<u16>, Option<u16>) {
     match proto {
-        6 | 17 => u16_be(p, l4.checked_add(2)?),
-        _ => None,
+        6 | 17 => (u16_be(p, l4), l4.checked_add(2).and_then(|at| u16_be(p, at))),
+        _ => (None, None),
     }
 }
 
@@ -464,6 +533,24 @@ mod tests {
         let mut f = ipv4_tcp([8, 8, 8, 8], 53);
         f[7] = 8; // fragment offset 8
         assert_eq!(parse_ip(&f).unwrap().2, None);
+    }
+
+    #[test]
+    fn retransmissions_are_reported_once_per_window() {
+        let ev = parse_datagram(&packet_msg(b"deny:deny_rule\0", &ipv4_tcp([203, 0, 113, 7], 443))).remove(0);
+        let mut r = Repeats::default();
+        let t0 = Instant::now();
+        assert!(!r.is_repeat(&ev, Some(40000), t0));
+        assert!(r.is_repeat(&ev, Some(40000), t0 + Duration::from_secs(1)));
+        assert!(r.is_repeat(&ev, Some(40000), t0 + Duration::from_secs(7)));
+        // Another attempt (new source port), or the same after the window, is reported.
+        assert!(!r.is_repeat(&ev, Some(40001), t0 + Duration::from_secs(7)));
+        assert!(!r.is_repeat(&ev, Some(40000), t0 + REPEAT_WINDOW + Duration::from_secs(1)));
+        // Memory stays bounded.
+        for port in 0..(REPEAT_MEMORY as u16 + 10) {
+            r.is_repeat(&ev, Some(port), t0);
+        }
+        assert!(r.seen.len() <= REPEAT_MEMORY);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! A child process inherits the network namespace of the thread that spawns it, so every command is spawned
 //! from a short-lived thread that joined the namespace ([`crate::netns::in_netns`]); that works for any
-//! namespace path (`/proc/1/ns/net`, `/run/netns/…`), named or not.
+//! namespace path (`/proc/self/ns/net`, `/run/netns/…`), named or not.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
