@@ -10,7 +10,7 @@ use std::path::Path;
 use nix::sched::{CloneFlags, setns};
 
 /// Runs `f` on a fresh thread that has joined the network namespace at `ns` (e.g. `/run/netns/hearth-…`, or
-/// `/proc/1/ns/net` for the host's). The caller's thread is untouched.
+/// [`host_netns`] for the daemon's own). The caller's thread is untouched.
 pub fn in_netns<F, R>(ns: &Path, f: F) -> std::io::Result<R>
 where
     F: FnOnce() -> std::io::Result<R> + Send + 'static,
@@ -68,7 +68,9 @@ pub async fn connect_tcp(ns: &Path, addr: std::net::SocketAddr) -> std::io::Resu
     socket.connect(addr).await
 }
 
-/// The path of the host's (this process's PID 1) network namespace.
+/// The path of the daemon's own network namespace.
 pub fn host_netns() -> &'static Path {
-    Path::new("/proc/1/ns/net")
+    // The thread-group leader's namespace: the daemon's own (never changed: only short-lived helper threads
+    // join other namespaces). PID 1's may be out of reach in a container.
+    Path::new("/proc/self/ns/net")
 }

@@ -55,8 +55,8 @@ pub struct Args {
     #[arg(long, env = "HEARTH_NETWORK", value_enum, default_value_t = NetworkChoice::Auto)]
     pub network: NetworkChoice,
     /// Network namespace sandbox egress leaves through (a path such as `/run/netns/uplink`). Default: the
-    /// host's own.
-    #[arg(long, env = "HEARTH_UPLINK_NETNS", default_value = "/proc/1/ns/net")]
+    /// daemon's own.
+    #[arg(long, env = "HEARTH_UPLINK_NETNS", default_value = "/proc/self/ns/net")]
     pub uplink_netns: PathBuf,
     /// Address range of sandboxes (their addresses as private-network peers see them). Two daemons on one host
     /// need distinct ranges.
