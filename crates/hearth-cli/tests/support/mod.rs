@@ -76,6 +76,31 @@ fn wait_for_file(path: &Path, child: &mut Child, log: &Path, within: Duration) -
 impl Daemon {
     /// Starts hearthd on 127.0.0.1 (a free port) with a fresh data directory and the shared images.
     pub fn start() -> Daemon {
+        // Sandbox networking is exercised by its own tests, each with an uplink namespace of its own.
+        Daemon::start_with(&[], &[("HEARTH_NETWORK", "off")])
+    }
+
+    /// Like [`Daemon::start`], with sandbox networking on: egress leaves through `uplink` (a namespace the test
+    /// made) and sandbox addresses come from `range`, which must differ from every other test's range.
+    pub fn start_networked(uplink: &TestNetns, range: &str) -> Daemon {
+        let uplink = uplink.path.display().to_string();
+        Daemon::start_with(
+            &[
+                "--network",
+                "on",
+                "--uplink-netns",
+                &uplink,
+                "--sandbox-net",
+                range,
+                // Nothing answers there: the uplink namespace has no route anywhere.
+                "--dns-upstream",
+                "192.0.2.53:53",
+            ],
+            &[],
+        )
+    }
+
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let bin = hearthd_bin();
         let data = tempfile::tempdir().unwrap();
         let log = data.path().join("hearthd.log");
@@ -89,8 +114,8 @@ impl Daemon {
             .arg(images_dir())
             .arg("--default-template")
             .arg("minimal")
-            // Sandbox networking is exercised by its own tests, each with an uplink namespace of its own.
-            .env("HEARTH_NETWORK", "off")
+            .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
@@ -191,6 +216,44 @@ impl Drop for Daemon {
         if std::thread::panicking() {
             eprintln!("---- hearthd log ----\n{}", self.log());
         }
+    }
+}
+
+/// A network namespace the test made (`ip netns add`, loopback up, nothing else), deleted on drop. Declare it
+/// before the [`Daemon`] that uses it, so that the daemon (and its sandboxes) go first.
+pub struct TestNetns {
+    pub name: String,
+    pub path: PathBuf,
+}
+
+impl TestNetns {
+    pub fn new(prefix: &str) -> TestNetns {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!("{prefix}-{}-{nanos:08x}", std::process::id());
+        for args in [
+            vec!["netns", "add", name.as_str()],
+            vec!["-n", name.as_str(), "link", "set", "lo", "up"],
+        ] {
+            let out = Command::new("ip").args(&args).output().expect("ip runs");
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        TestNetns {
+            path: PathBuf::from("/run/netns").join(&name),
+            name,
+        }
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
 
