@@ -424,6 +424,26 @@ fn nflog_reports_allowed_and_denied_attempts() {
     must_tcp(&sb.guest.path, sa(HOST_A, 8080));
     must_not_tcp(&sb.guest.path, sa(HOST_B, 8080));
     must_not_udp(&sb.guest.path, sa(HOST_A, 53));
+    let spoofed = Ipv4Addr::new(203, 0, 113, 99);
+    ip(&[
+        "-n",
+        &sb.guest.name,
+        "addr",
+        "add",
+        &format!("{spoofed}/32"),
+        "dev",
+        "eth0",
+    ]);
+    assert!(
+        udp(
+            &sb.guest.path,
+            Some(spoofed.into()),
+            sa(HOST_A, 7000),
+            "x",
+            Duration::from_millis(300)
+        )
+        .is_err()
+    );
 
     use hearth_api::network::NetProtocol;
     use hearth_net::nflog::KernelEvent;
@@ -438,6 +458,7 @@ fn nflog_reports_allowed_and_denied_attempts() {
         expect(true, "allow_rule", NetProtocol::Tcp, HOST_A, 8080),
         expect(false, "default_deny", NetProtocol::Tcp, HOST_B, 8080),
         expect(false, "dns_blocked", NetProtocol::Udp, HOST_A, 53),
+        expect(false, "spoofed", NetProtocol::Udp, HOST_A, 7000),
     ];
     // The denied SYN was retransmitted during the probe and logged again by the kernel: the reader reports
     // each attempt once.
