@@ -138,3 +138,24 @@ pub struct ForkArgs {
     #[serde(default)]
     pub count: Option<u32>,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTemplateArgs {
+    /// The running sandbox to save (it keeps running).
+    pub sandbox_id: String,
+    /// Name of the new template: 1-63 characters of lowercase letters, digits and `-`, not starting with `-`.
+    /// Pass it as `template` to create_sandbox.
+    pub name: String,
+    /// Also save the sandbox's running memory, so sandboxes created from the template start with its processes
+    /// already running (e.g. a started server) instead of booting. Default false (files only).
+    #[serde(default)]
+    pub include_memory: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateArgs {
+    /// The template's name, as list_templates shows it.
+    pub name: String,
+}

@@ -17,8 +17,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router
 use serde_json::{Value, json};
 
 use crate::args::{
-    CreateSandboxArgs, Encoding, ExecArgs, ForkArgs, ListFilesArgs, ListSandboxesArgs, MAX_READ,
-    ReadFileArgs, SandboxArgs, SetTimeoutArgs, WriteFileArgs,
+    CreateSandboxArgs, CreateTemplateArgs, Encoding, ExecArgs, ForkArgs, ListFilesArgs, ListSandboxesArgs,
+    MAX_READ, ReadFileArgs, SandboxArgs, SetTimeoutArgs, TemplateArgs, WriteFileArgs,
 };
 use crate::format::{self, Capped};
 
@@ -27,7 +27,8 @@ const INSTRUCTIONS: &str = "hearth runs sandboxes: small Linux virtual machines,
 Create one with create_sandbox, then run shell commands in it with exec and move files with write_file, \
 read_file and list_files, always passing the sandbox_id that create_sandbox returned. A sandbox is destroyed \
 when its timeout expires (extend it with set_timeout) or by kill_sandbox; kill sandboxes you no longer need. \
-pause_sandbox keeps a sandbox on disk without using CPU or memory until resume_sandbox.";
+pause_sandbox keeps a sandbox on disk without using CPU or memory until resume_sandbox. create_template saves a \
+prepared sandbox as a template that new sandboxes start from.";
 
 /// Where tool calls get their API client.
 #[derive(Clone)]
@@ -172,12 +173,62 @@ impl HearthMcp {
 
     #[tool(
         annotations(read_only_hint = true),
-        description = "List the templates (guest images) create_sandbox can boot, and which one is the default."
+        description = "List the templates create_sandbox can start from (pass `name` as its `template`) and which \
+                       one is the default. Each has: name, builtin (images that came with the host; cannot be \
+                       deleted), from_sandbox (the sandbox it was saved from), has_memory (its sandboxes start \
+                       with the saved processes running), size_bytes, created_at."
     )]
     async fn list_templates(&self, ctx: RequestContext<RoleServer>) -> ToolResult {
         let client = tri!(self.client(&ctx));
         let info = api!(client.system());
-        ok_json(json!({ "templates": info.templates, "default_template": info.default_template }))
+        let list = api!(client.list_templates());
+        let templates: Vec<Value> = list.templates.iter().map(template_json).collect();
+        ok_json(json!({ "templates": templates, "default_template": info.default_template }))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false),
+        description = "Save a running sandbox as a new template: its files (flattened into a standalone image) \
+                       and, with include_memory, its running memory. The sandbox keeps running. Sandboxes \
+                       created from the template (create_sandbox with template = name) start with those files, \
+                       and with include_memory with the saved processes already running. Takes a few seconds \
+                       per GiB of disk. Returns the template."
+    )]
+    async fn create_template(
+        &self,
+        Parameters(a): Parameters<CreateTemplateArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        if !hearth_api::is_valid_template_name(&a.name) {
+            return Ok(format::invalid_argument(format!(
+                "template name {:?} must be 1-63 characters of a-z, 0-9 and '-', not starting with '-'",
+                a.name
+            )));
+        }
+        let req = hearth_api::CreateTemplateRequest {
+            name: a.name,
+            from_sandbox: Some(a.sandbox_id),
+            include_memory: a.include_memory,
+            recipe: None,
+        };
+        let tpl = api!(client.create_template(&req));
+        ok_json(template_json(&tpl))
+    }
+
+    #[tool(
+        annotations(destructive_hint = true, idempotent_hint = true),
+        description = "Delete a template saved with create_template. Refused (conflict) for built-in templates \
+                       and while sandboxes created from it exist."
+    )]
+    async fn delete_template(
+        &self,
+        Parameters(a): Parameters<TemplateArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        api!(client.delete_template(&a.name));
+        ok_json(json!({ "deleted": a.name }))
     }
 
     #[tool(
@@ -448,6 +499,18 @@ impl HearthMcp {
         let sbx = api!(client.set_timeout(&a.sandbox_id, a.timeout_s));
         ok_json(to_json(&sbx))
     }
+}
+
+/// A template as the tools show it (`has_memory` instead of the internal snapshot id).
+fn template_json(t: &hearth_api::Template) -> Value {
+    json!({
+        "name": t.name,
+        "builtin": t.builtin,
+        "from_sandbox": t.from_sandbox,
+        "has_memory": t.snapshot_id.is_some(),
+        "size_bytes": t.size_bytes,
+        "created_at": t.created_at,
+    })
 }
 
 fn decode(data_b64: &str) -> Result<Vec<u8>, CallToolResult> {

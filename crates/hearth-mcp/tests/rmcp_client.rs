@@ -53,6 +53,8 @@ async fn rmcp_client_over_stdio() {
         names,
         [
             "create_sandbox",
+            "create_template",
+            "delete_template",
             "exec",
             "fork_sandbox",
             "kill_sandbox",
@@ -77,7 +79,7 @@ async fn rmcp_client_over_stdio() {
         assert_eq!(schema["type"], "object", "{}", t.name);
         let needs_id = !matches!(
             t.name.as_ref(),
-            "create_sandbox" | "list_sandboxes" | "list_templates"
+            "create_sandbox" | "list_sandboxes" | "list_templates" | "delete_template"
         );
         let required = schema["required"].as_array().cloned().unwrap_or_default();
         assert_eq!(
@@ -107,8 +109,30 @@ async fn rmcp_client_over_stdio() {
         .unwrap();
     assert_eq!(templates.is_error, Some(false));
     assert_eq!(structured(&templates)["default_template"], "minimal");
-    let names = structured(&templates)["templates"].as_array().unwrap().clone();
-    assert!(names.contains(&json!("minimal")), "{names:?}");
+    let listed = structured(&templates)["templates"].as_array().unwrap().clone();
+    let minimal = listed.iter().find(|t| t["name"] == "minimal");
+    assert!(
+        minimal.is_some_and(|t| t["builtin"] == true && t["has_memory"] == false),
+        "{listed:?}"
+    );
+
+    // Template tools check their arguments before calling the daemon.
+    let bad = client
+        .call_tool(CallToolRequestParams::new("create_template").with_arguments(args(
+            json!({ "sandbox_id": "sbx_0000000000000000", "name": "Bad Name" }),
+        )))
+        .await
+        .unwrap();
+    assert_eq!(bad.is_error, Some(true));
+    assert_eq!(structured(&bad)["error"]["code"], "invalid_argument");
+    let builtin = client
+        .call_tool(
+            CallToolRequestParams::new("delete_template").with_arguments(args(json!({ "name": "minimal" }))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(builtin.is_error, Some(true));
+    assert_eq!(structured(&builtin)["error"]["code"], "conflict");
 
     // Missing argument, unknown field, unknown sandbox: tool errors, not protocol errors.
     let missing = client

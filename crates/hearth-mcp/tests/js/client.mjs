@@ -78,7 +78,7 @@ try {
   const names = tools.map((t) => t.name).sort();
   log(`tools: ${names.join(", ")}`);
   for (const want of [
-    "create_sandbox", "exec", "fork_sandbox", "kill_sandbox", "list_files", "list_sandboxes", "list_templates", "pause_sandbox",
+    "create_sandbox", "create_template", "delete_template", "exec", "fork_sandbox", "kill_sandbox", "list_files", "list_sandboxes", "list_templates", "pause_sandbox",
     "read_file", "resume_sandbox", "sandbox_info", "set_timeout", "write_file",
   ]) {
     assert.ok(names.includes(want), `missing tool ${want}`);
@@ -91,7 +91,9 @@ try {
   const listed = ok(await call("list_sandboxes", {}));
   assert.ok(Array.isArray(listed.sandboxes));
   const templates = ok(await call("list_templates", {}));
-  assert.ok(templates.templates.includes("minimal"));
+  assert.ok(templates.templates.some((t) => t.name === "minimal" && t.builtin), JSON.stringify(templates));
+  const createTemplate = tools.find((t) => t.name === "create_template");
+  assert.deepEqual([...createTemplate.inputSchema.required].sort(), ["name", "sandbox_id"]);
   assert.equal(templates.default_template, "minimal");
 
   // Bad arguments and unknown sandboxes are tool errors the agent can read, not protocol failures.
@@ -211,6 +213,20 @@ try {
       }
       r = toolError(await call("fork_sandbox", { sandbox_id: id, count: 0 }));
       assert.equal(json(r).error.code, "invalid_argument");
+
+      log("templates");
+      const tplName = `mcp-${sdk}-${transportKind}`;
+      const tpl = ok(await call("create_template", { sandbox_id: id, name: tplName }));
+      assert.equal(tpl.name, tplName);
+      assert.equal(tpl.from_sandbox, id);
+      assert.equal(tpl.has_memory, false);
+      const listedTpl = ok(await call("list_templates", {})).templates.find((t) => t.name === tplName);
+      assert.equal(listedTpl?.builtin, false);
+      r = toolError(await call("create_template", { sandbox_id: id, name: tplName }));
+      assert.equal(json(r).error.code, "conflict");
+      assert.equal(ok(await call("delete_template", { name: tplName })).deleted, tplName);
+      r = toolError(await call("delete_template", { name: tplName }));
+      assert.equal(json(r).error.code, "not_found");
     } finally {
       log("kill_sandbox");
       const killed = ok(await call("kill_sandbox", { sandbox_id: id }));
