@@ -268,7 +268,7 @@ impl Plane {
     }
 
     fn cleanup_after_failure(&self, id: &str) {
-        if let Err(e) = self.teardown(id) {
+        if let Err(e) = self.teardown(id).map(drop) {
             tracing::warn!(sandbox = id, error = %e, "cleaning up a failed sandbox network");
         }
     }
@@ -290,21 +290,28 @@ impl Plane {
         nft(Some(&self.cfg.uplink_netns), &ruleset::peer_pairs(pairs))
     }
 
-    /// Removes the sandbox's namespace (with its links and table) and its uplink link. Idempotent.
+    /// Removes the sandbox's namespace (with its links and table), its uplink link and the hub's peer pairs
+    /// naming its address. Idempotent.
     pub fn destroy_sandbox(&self, id: &str) -> Result<(), NetError> {
         validate_id(id)?;
-        self.teardown(id)
+        self.teardown(id).map(drop)
     }
 
-    fn teardown(&self, id: &str) -> Result<(), NetError> {
+    /// Removes everything of sandbox `id`; returns the hub pairs it removed.
+    fn teardown(&self, id: &str) -> Result<Vec<(Ipv4Addr, Ipv4Addr)>, NetError> {
+        let hrth = link_name(id);
+        let uplink = Some(self.cfg.uplink_netns.as_path());
+        // The sandbox's address is what the uplink routes to its link (unknown once the link is gone).
+        let addresses: Vec<Ipv4Addr> = ip_json(uplink, &["-4", "route", "show", "dev", &hrth])
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| r["dst"].as_str()?.parse().ok())
+            .collect();
         // Deleting one end of a veth deletes both, at once (a namespace's devices go away asynchronously
         // after `netns del`, so the links are deleted explicitly first).
-        ignore_missing(run(
-            Some(&self.cfg.uplink_netns),
-            IP,
-            &["link", "del", &link_name(id)],
-            None,
-        ))?;
+        ignore_missing(run(uplink, IP, &["link", "del", &hrth], None))?;
         let name = netns_name(id);
         if netns_path(id).exists() {
             for dev in [TAP_NAME, UPLINK_IF] {
@@ -312,7 +319,17 @@ impl Plane {
             }
             ignore_missing(run(None, IP, &["netns", "del", &name], None))?;
         }
-        Ok(())
+        if addresses.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stale: Vec<(Ipv4Addr, Ipv4Addr)> = sweep::peer_pairs(self)?
+            .into_iter()
+            .filter(|(a, b)| addresses.contains(a) || addresses.contains(b))
+            .collect();
+        if !stale.is_empty() {
+            nft(uplink, &ruleset::remove_peer_pairs(&stale))?;
+        }
+        Ok(stale)
     }
 
     /// Removes `hearth-*` namespaces, `hrth*` uplink links and hub peer pairs that belong to this plane but

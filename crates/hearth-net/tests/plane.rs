@@ -290,8 +290,10 @@ fn destroy_and_sweep_leave_nothing_behind() {
     let a = net.with(2, |_| {});
     let b = net.with(3, |_| {});
     let c = net.with(4, |_| {});
+    let ghost = net.addr(77); // an address no sandbox has (any more)
+    let (a_addr, b_addr, c_addr) = (a.net.address, b.net.address, c.net.address);
     net.plane
-        .set_peer_pairs(&[(a.net.address, b.net.address), (b.net.address, c.net.address)])
+        .set_peer_pairs(&[(a_addr, b_addr), (b_addr, c_addr), (b_addr, ghost)])
         .unwrap();
     let hub_links = || {
         links(&net.up.name)
@@ -299,8 +301,26 @@ fn destroy_and_sweep_leave_nothing_behind() {
             .filter(|l| l.starts_with("hrth"))
             .collect::<HashSet<_>>()
     };
+    let hub_pairs = || {
+        let up = net.up.name.as_str();
+        output(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                up,
+                "nft",
+                "list",
+                "set",
+                "inet",
+                "hearth_hub",
+                "peer_pairs",
+            ],
+        )
+    };
     assert_eq!(hub_links().len(), 3);
 
+    // Destroying A removes its namespace, its link, the guest's end and every pair naming A.
     net.plane.destroy_sandbox(&a.net.id).unwrap();
     net.plane.destroy_sandbox(&a.net.id).unwrap(); // idempotent
     assert!(!namespaces().contains(&hearth_net::netns_name(&a.net.id)));
@@ -309,35 +329,24 @@ fn destroy_and_sweep_leave_nothing_behind() {
         links(&a.guest.name).iter().all(|l| l == "lo"),
         "the guest end went with the sandbox"
     );
+    let pairs = hub_pairs();
+    assert!(!pairs.contains(&a_addr.to_string()), "{pairs}");
+    assert!(pairs.contains(&format!("{b_addr} . {c_addr}")), "{pairs}");
 
-    // After a "restart" only B is live: C goes, and so do the pairs naming A or C.
+    // After a "restart" only B is live: C goes, and so do the pairs naming C or the ghost.
     let plane = hearth_net::plane::Plane::new(net.plane.config().clone()).unwrap();
     let live: HashSet<String> = [b.net.id.clone()].into();
-    let mut removed = plane.sweep(&live).unwrap();
-    removed.sort();
+    let removed = plane.sweep(&live).unwrap();
     let c_ns = hearth_net::netns_name(&c.net.id);
     assert!(removed.contains(&format!("netns {c_ns}")), "{removed:?}");
-    for (x, y) in [(a.net.address, b.net.address), (b.net.address, c.net.address)] {
+    for (x, y) in [(b_addr, c_addr), (b_addr, ghost)] {
         assert!(removed.contains(&format!("peer {x} . {y}")), "{removed:?}");
         assert!(removed.contains(&format!("peer {y} . {x}")), "{removed:?}");
     }
     assert!(!namespaces().contains(&c_ns));
     assert_eq!(hub_links(), [link_name(&b.net.id)].into());
-    let set = output(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &net.up.name,
-            "nft",
-            "list",
-            "set",
-            "inet",
-            "hearth_hub",
-            "peer_pairs",
-        ],
-    );
-    assert!(!set.contains("10.213."), "{set}");
+    let pairs = hub_pairs();
+    assert!(!pairs.contains("10.213."), "{pairs}");
     // B is untouched and still works; a second sweep finds nothing.
     must_tcp(&b.guest.path, sa(HOST_A, 8080));
     assert_eq!(plane.sweep(&live).unwrap(), Vec::<String>::new());

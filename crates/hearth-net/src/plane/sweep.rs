@@ -31,7 +31,10 @@ pub(super) fn sweep(plane: &Plane, live: &HashSet<String>) -> Result<Vec<String>
                 continue;
             }
             match plane.teardown(id) {
-                Ok(()) => removed.push(format!("netns {name}")),
+                Ok(pairs) => {
+                    removed.push(format!("netns {name}"));
+                    removed.extend(pairs.iter().map(|(a, b)| format!("peer {a} . {b}")));
+                }
                 // One namespace that cannot be removed must not keep the others.
                 Err(e) => tracing::warn!(netns = %name, error = %e, "sweep"),
             }
