@@ -52,6 +52,8 @@ pub enum NetError {
     InvalidRange(Ipv4Net),
     #[error("sandbox {0} already has a network namespace")]
     Exists(String),
+    #[error("uplink link {link} of sandbox {id} is taken by another sandbox")]
+    LinkTaken { id: String, link: String },
     #[error("`{command}` failed: {stderr}")]
     Command { command: String, stderr: String },
     #[error("unexpected output of `{command}`: {detail}")]
@@ -177,6 +179,22 @@ impl Plane {
         }
         // Held for the whole creation, so a sweep (in any process) never sees a half-made namespace.
         let _lock = lock()?;
+        // A link of that name belongs to another sandbox (ids hashing alike): refuse before making anything,
+        // since cleaning up would delete it.
+        let hrth = link_name(&sb.id);
+        if run(
+            Some(&self.cfg.uplink_netns),
+            IP,
+            &["link", "show", "dev", &hrth],
+            None,
+        )
+        .is_ok()
+        {
+            return Err(NetError::LinkTaken {
+                id: sb.id.clone(),
+                link: hrth,
+            });
+        }
         run(None, IP, &["netns", "add", &name], None)?;
         let made = run(
             None,

@@ -378,6 +378,28 @@ fn a_failed_create_leaves_nothing_behind() {
     bad.net.address = "10.99.0.5".parse().unwrap();
     assert!(net.plane.create_sandbox(&bad.net).is_err());
     assert!(!namespaces().contains(&hearth_net::netns_name(&bad.net.id)));
+    // A taken uplink link name (two ids hashing alike) is refused, and the link's owner is untouched.
+    let mut twin = net.sandbox(4);
+    ip(&[
+        "-n",
+        &net.up.name,
+        "link",
+        "add",
+        &link_name(&twin.net.id),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "twin0",
+    ]);
+    twin.net.guest_link = GuestLink::Tap;
+    assert!(matches!(
+        net.plane.create_sandbox(&twin.net),
+        Err(hearth_net::plane::NetError::LinkTaken { .. })
+    ));
+    assert!(links(&net.up.name).contains(&link_name(&twin.net.id)));
+    assert!(!namespaces().contains(&hearth_net::netns_name(&twin.net.id)));
+    ip(&["-n", &net.up.name, "link", "del", &link_name(&twin.net.id)]);
     // The same id can be created afterwards.
     sb.net.guest_link = GuestLink::Veth {
         guest_netns: sb.guest.path.clone(),
