@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use hearth_api::{CreateSandboxRequest, RunCommandRequest, Sandbox};
+use hearth_api::{CreateSandboxRequest, CreateTemplateRequest, RunCommandRequest, Sandbox};
 use hearth_client::Client;
 
 use crate::stats::{Row, Samples};
@@ -43,6 +43,9 @@ struct Args {
     /// Pause/resume cycles to measure.
     #[arg(long, default_value_t = 3)]
     pause_cycles: usize,
+    /// Creates from a template with memory, each next to a cold create (same run, alternating).
+    #[arg(long, default_value_t = 3)]
+    template_creates: usize,
     /// Memory per sandbox (MiB).
     #[arg(long, default_value_t = 256)]
     memory_mib: u32,
@@ -212,6 +215,9 @@ async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
         .map(|s| s.size_bytes);
     let _ = client.delete_snapshot(&fork.snapshot_id).await;
 
+    // A template with memory saved from the idle sandbox, then creates from it alternating with cold creates.
+    let warm = warm_template_creates(client, args, &kept.id).await?;
+
     // Concurrent creates, measured in the same run as the sequential ones.
     let t = Instant::now();
     let futs = (0..args.concurrent).map(|_| cold_create(client, args));
@@ -293,5 +299,73 @@ async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
             None => "n/a".to_owned(),
         },
     ));
+    rows.push(Row::value(
+        "save a template with memory from a running sandbox",
+        format!("{:.2} s", warm.save.as_secs_f64()),
+    ));
+    rows.push(Row::samples(
+        "create from a memory template -> first command result",
+        &warm.warm,
+    ));
+    rows.push(Row::samples(
+        "cold create -> first command result (alternating with the row above)",
+        &warm.cold,
+    ));
+    rows.push(Row::ratio(
+        "create from memory template / cold create, to first command (p50, same run)",
+        warm.warm.p50().as_secs_f64() / warm.cold.p50().as_secs_f64().max(1e-9),
+    ));
     Ok(rows)
+}
+
+/// Creates from a memory template next to cold creates.
+struct WarmCreates {
+    save: Duration,
+    warm: Samples,
+    cold: Samples,
+}
+
+/// Saves sandbox `from` as a template with memory, then `args.template_creates` times: a cold create and a
+/// create from the template, each to its first command result, alternating so that both see the same machine
+/// load. The template is deleted afterwards.
+async fn warm_template_creates(client: &Client, args: &Args, from: &str) -> Result<WarmCreates> {
+    let name = format!("bench-warm-{}", std::process::id());
+    let t = Instant::now();
+    client
+        .create_template(&CreateTemplateRequest {
+            name: name.clone(),
+            from_sandbox: Some(from.to_owned()),
+            include_memory: true,
+            recipe: None,
+        })
+        .await
+        .context("save a template with memory")?;
+    let save = t.elapsed();
+    let mut warm = Samples::default();
+    let mut cold = Samples::default();
+    let result = async {
+        for _ in 0..args.template_creates {
+            let (sbx, _, total) = cold_create(client, args).await?;
+            cold.push(total);
+            client.delete_sandbox(&sbx.id).await?;
+            let req = CreateSandboxRequest {
+                template: Some(name.clone()),
+                ..create_request(args)
+            };
+            let t = Instant::now();
+            let sbx = client
+                .create_sandbox(&req)
+                .await
+                .context("create from template")?;
+            let res = client.run_command(&sbx.id, &true_cmd()).await?;
+            anyhow::ensure!(res.exit_code == 0, "first command exited {}", res.exit_code);
+            warm.push(t.elapsed());
+            client.delete_sandbox(&sbx.id).await?;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = client.delete_template(&name).await;
+    result?;
+    Ok(WarmCreates { save, warm, cold })
 }

@@ -1,4 +1,5 @@
-//! The default template `base` (images/build.sh): every promised tool runs inside a real sandbox.
+//! The default template `base` (images/build.sh): every promised tool runs inside a real sandbox, and a daemon
+//! started with neither `--default-template` nor `HEARTH_DEFAULT_TEMPLATE` uses it.
 
 mod common;
 
@@ -41,4 +42,13 @@ async fn base_template_carries_every_toolchain() {
         );
     }
     d.destroy(&s.id).await;
+}
+
+#[test]
+fn base_is_the_default_template() {
+    use clap::Parser;
+    let args = hearthd::config::Args::try_parse_from(["hearthd"]).expect("the defaults parse");
+    // HEARTH_DEFAULT_TEMPLATE, when set in the environment, overrides the default on purpose.
+    let expected = std::env::var("HEARTH_DEFAULT_TEMPLATE").unwrap_or_else(|_| "base".to_owned());
+    assert_eq!(args.default_template, expected);
 }
