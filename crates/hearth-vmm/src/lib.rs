@@ -240,7 +240,8 @@ pub trait Vmm: Send + Sync {
     ) -> Result<PathBuf, VmmError>;
 
     /// Starts the VM process detached from the caller and returns once the process runs (the guest may still be
-    /// booting). On error nothing of the VM is left running.
+    /// booting). With [`VmSpec::net`] the tap must already exist in the namespace (a missing one is an error,
+    /// never created). On error nothing of the VM is left running.
     async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError>;
 
     /// Opens the byte stream to the guest agent. Fails fast (no long retry) if the channel is not there yet; the
@@ -275,7 +276,9 @@ pub trait Vmm: Send + Sync {
     /// Starts a fresh VMM process from the snapshot in `snapshot` with `spec.disk` attached (the daemon
     /// prepares it: the sandbox's own disk for a resume, a new copy-on-write disk over the snapshot's disk copy
     /// for a fork or template). Never modifies the files in `snapshot`: several VMs may restore from one
-    /// snapshot at once. Returns once the VM runs again.
+    /// snapshot at once. A snapshot of a VM with a NIC needs `spec.net` too, naming a namespace whose tap has
+    /// the same name (every sandbox's is `tap0`); the guest keeps the addresses it configured at boot. Returns
+    /// once the VM runs again.
     async fn restore(
         &self,
         spec: &VmSpec,
