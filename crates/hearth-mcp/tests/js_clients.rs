@@ -8,48 +8,9 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 
-use support::Daemon;
-
-fn js_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/js")
-}
-
-/// `npm ci` when node_modules does not match package-lock.json. Test runners may run these tests in parallel
-/// processes (nextest does), so the check and the install happen under an exclusive lock, and an install that
-/// is already done is not repeated (`npm ci` would delete node_modules under a running test).
-fn npm_ci() {
-    static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| {
-        let dir = js_dir();
-        let lock_path = std::env::temp_dir().join("hearth-mcp-npm-ci.lock");
-        let lock = std::fs::File::create(&lock_path).unwrap();
-        // SAFETY: flock(2) on a descriptor we own; released when `lock` is closed at the end of this block.
-        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
-        assert_eq!(rc, 0, "flock {}", lock_path.display());
-        let wanted = std::fs::read(dir.join("package-lock.json")).unwrap();
-        let marker = dir.join("node_modules/.hearth-installed-from");
-        if std::fs::read(&marker).ok().as_deref() == Some(&wanted[..]) {
-            return;
-        }
-        let out = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund"])
-            .current_dir(&dir)
-            .output()
-            .expect("npm runs (Node.js and npm must be installed)");
-        assert!(
-            out.status.success(),
-            "npm ci failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(&marker, &wanted).unwrap();
-        drop(lock);
-    });
-}
+use support::{Daemon, js_dir, npm_ci};
 
 /// Runs `node client.mjs SDK TRANSPORT MODE` against `config` (one server entry of docs/mcp.md).
 fn run_client(daemon: &Daemon, sdk: &str, transport: &str, mode: &str, config: &serde_json::Value) {
