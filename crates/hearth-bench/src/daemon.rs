@@ -22,8 +22,8 @@ impl Daemon {
         })
     }
 
-    /// Starts `hearthd --listen 127.0.0.1:0` on a fresh data dir and waits until it answers.
-    pub async fn spawn(bin: Option<PathBuf>) -> Result<Daemon> {
+    /// Starts `hearthd --listen 127.0.0.1:0 FLAGS...` on a fresh data dir and waits until it answers.
+    pub async fn spawn(bin: Option<PathBuf>, flags: &[String]) -> Result<Daemon> {
         let bin = match bin {
             Some(b) => b,
             None => std::env::current_exe()?.with_file_name("hearthd"),
@@ -38,6 +38,7 @@ impl Daemon {
             .arg(&images)
             .arg("--listen")
             .arg("127.0.0.1:0")
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

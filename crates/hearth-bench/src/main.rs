@@ -3,11 +3,14 @@
 //! # Layout
 //! - [`daemon`]: start a private hearthd on a temporary data dir, or use `HEARTH_URL`/`HEARTH_API_KEY`.
 //! - [`stats`]: percentiles and table rendering.
+//! - [`fakenet`]: the private daemon's fake internet (namespaces the bench makes), [`net`]: the network rows.
 //! - `main`: the scenarios, each measured in the same run so that ratios compare like with like on a noisy
 //!   machine.
 
 mod boot;
 mod daemon;
+mod fakenet;
+mod net;
 mod stats;
 
 use std::time::{Duration, Instant};
@@ -52,15 +55,49 @@ struct Args {
     /// hearthd binary for the private daemon (default: next to this binary).
     #[arg(long)]
     hearthd: Option<std::path::PathBuf>,
+    /// Skip the network rows (the private daemon then runs with `--network off`).
+    #[arg(long, conflicts_with = "only_net")]
+    no_net: bool,
+    /// Only the network rows.
+    #[arg(long)]
+    only_net: bool,
+    /// Template of the network rows' sandbox (needs python3).
+    #[arg(long, default_value = "debian")]
+    net_template: String,
+    /// MiB per transfer in the throughput rows.
+    #[arg(long, default_value_t = 16)]
+    net_mib: u64,
+    /// Transfers per path (direct, proxy) and direction.
+    #[arg(long, default_value_t = 3)]
+    net_rounds: usize,
+    /// Batches of connections per path in the connection set-up rows (p50 over batch means).
+    #[arg(long, default_value_t = 10)]
+    net_batches: usize,
+    /// Connections per batch.
+    #[arg(long, default_value_t = 10)]
+    net_per_batch: usize,
+    /// Allow/deny cycles in the policy-change rows.
+    #[arg(long, default_value_t = 5)]
+    policy_cycles: usize,
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    // A private daemon's sandboxes reach only the bench's fake internet, or no network at all.
+    let fake = if args.external || args.no_net {
+        None
+    } else {
+        Some(fakenet::FakeNet::new().context("build the fake internet (root, ip, nft needed; or --no-net)")?)
+    };
     let daemon = if args.external {
         daemon::Daemon::external()?
     } else {
-        daemon::Daemon::spawn(args.hearthd.clone()).await?
+        let flags = match &fake {
+            Some(f) => f.daemon_flags(),
+            None => vec!["--network".to_owned(), "off".to_owned()],
+        };
+        daemon::Daemon::spawn(args.hearthd.clone(), &flags).await?
     };
     let client = daemon.client.clone();
     let system = client.system().await.context("GET /v1/system")?;
@@ -69,8 +106,29 @@ async fn main() -> Result<()> {
         system.vmm, system.accel, system.vmm_reason
     );
 
-    let mut result = run(&args, &client).await;
-    if system.vmm == "qemu" {
+    let mut result = if args.only_net {
+        Ok(Vec::new())
+    } else {
+        run(&args, &client).await
+    };
+    if let (Some(fake), Ok(rows)) = (&fake, result.as_mut()) {
+        let net_args = net::NetArgs {
+            template: args.net_template.clone(),
+            memory_mib: args.memory_mib,
+            bytes: args.net_mib << 20,
+            rounds: args.net_rounds,
+            connect_batches: args.net_batches,
+            connects_per_batch: args.net_per_batch,
+            policy_cycles: args.policy_cycles,
+        };
+        match net::rows(&client, fake, &net_args).await {
+            Ok(mut more) => rows.append(&mut more),
+            Err(e) => result = Err(e.context("network rows")),
+        }
+    } else if args.external && !args.no_net {
+        eprintln!("hearth-bench: network rows skipped (an external daemon has no fake internet)");
+    }
+    if system.vmm == "qemu" && !args.only_net {
         let accel = if system.accel == "kvm" {
             hearth_vmm::Accel::Kvm
         } else {
@@ -94,6 +152,8 @@ async fn main() -> Result<()> {
         }
     }
     drop(daemon);
+    // Only now: the daemon's sandbox links live in the uplink namespace.
+    drop(fake);
     let rows = result?;
 
     println!(

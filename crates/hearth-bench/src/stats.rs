@@ -71,6 +71,16 @@ impl Row {
         }
     }
 
+    /// A row of `n` samples summarised by the caller (e.g. a rate at the median and at the best sample).
+    pub fn value_with(name: &str, n: usize, p50: String, p95: String) -> Row {
+        Row {
+            name: name.to_owned(),
+            n: n.to_string(),
+            p50,
+            p95,
+        }
+    }
+
     pub fn ratio(name: &str, r: f64) -> Row {
         Row::value(name, format!("{r:.2}x"))
     }

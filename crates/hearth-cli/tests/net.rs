@@ -111,7 +111,7 @@ fn network_commands() {
     assert_eq!(net.networks, ["blue"]);
     let list = networks(&d);
     let b = list.networks.iter().find(|n| n.name == "blue").unwrap();
-    assert_eq!(b.members, [id.clone()]);
+    assert_eq!(b.members, [id.as_str()]);
 
     // net policy replaces the policy, effective at once; a bad rule leaves it as it was.
     assert_eq!(
