@@ -4,7 +4,8 @@
 //! in the guest fetches a page from the test host. Then the VM is paused (QEMU exits) and resumed in a fresh
 //! QEMU on the same tap: the guest reaches the test host again, and a TCP connection from the test host to
 //! the guest, opened before the pause, carries on. A checkpoint forked into a second
-//! namespace reaches that namespace's test host while the original goes on in its own.
+//! namespace reaches that namespace's test host while the original goes on in its own. A Debian guest's
+//! Python reaches the test host too.
 //!
 //! Needs root (namespaces, taps) and the images from `images/build.sh` (whose initramfs carries the agent
 //! of this checkout: rebuild them after changing the agent). Traffic stays inside the test's namespace.
@@ -368,6 +369,44 @@ async fn a_fork_in_another_namespace_reaches_that_namespace_while_the_original_r
     drop((c, fc));
     vmm.stop(&fork).await.expect("stop fork");
     vmm.stop(&vm).await.expect("stop original");
+}
+
+/// A Debian guest: a program of the distribution (Python's urllib) reaches the test host, and the image's own
+/// resolver configuration was replaced by a plain file naming the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debian_guest_uses_the_network_from_python() {
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let ns = TestNetns::new();
+    let served = serve_http(&ns.path, "debian");
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/debian.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let vm = vmm
+        .start(&spec_in(run.path(), disk, "sbx_00000000000000d3", &ns))
+        .await
+        .expect("start");
+    let _guard = Guard {
+        vmm: &vmm,
+        vm: Some(vm.clone()),
+    };
+    let c = wait_agent(&vmm, &vm).await;
+    let body = out(
+        &c,
+        &format!(
+            "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://{}:{HTTP_PORT}/py\", timeout=30).read().decode(), end=\"\")'",
+            hearth_net::GATEWAY
+        ),
+    )
+    .await;
+    assert_eq!(body, "debian /py");
+    assert_served_from_guest(&served, "py");
+    assert_eq!(out(&c, "stat -c %F /etc/resolv.conf").await, "regular file");
+    assert_eq!(
+        out(&c, "grep nameserver /etc/resolv.conf").await,
+        "nameserver 172.16.0.1"
+    );
+    drop(c);
+    vmm.stop(&vm).await.expect("stop");
 }
 
 /// A NIC whose tap is missing fails the start cleanly (no QEMU left, no tap created in the namespace).
