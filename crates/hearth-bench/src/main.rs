@@ -55,7 +55,8 @@ struct Args {
     /// hearthd binary for the private daemon (default: next to this binary).
     #[arg(long)]
     hearthd: Option<std::path::PathBuf>,
-    /// Skip the network rows (the private daemon then runs with `--network off`).
+    /// Skip the network rows (the private daemon then runs with `--network off`). `HEARTH_NETWORK=off` in the
+    /// environment does the same.
     #[arg(long, conflicts_with = "only_net")]
     no_net: bool,
     /// Only the network rows.
@@ -85,7 +86,11 @@ struct Args {
 async fn main() -> Result<()> {
     let args = Args::parse();
     // A private daemon's sandboxes reach only the bench's fake internet, or no network at all.
-    let fake = if args.external || args.no_net {
+    let network_off = std::env::var("HEARTH_NETWORK").is_ok_and(|v| v == "off");
+    if network_off && !args.no_net && !args.external {
+        eprintln!("hearth-bench: HEARTH_NETWORK=off: network rows skipped (as with --no-net)");
+    }
+    let fake = if args.external || args.no_net || network_off {
         None
     } else {
         Some(fakenet::FakeNet::new().context("build the fake internet (root, ip, nft needed; or --no-net)")?)
@@ -153,12 +158,22 @@ async fn main() -> Result<()> {
     }
     drop(daemon);
     // Only now: the daemon's sandbox links live in the uplink namespace.
+    let fake_used = fake.is_some();
     drop(fake);
     let rows = result?;
 
     println!(
-        "hearth-bench: vmm={} accel={} template={} memory={} MiB host_cpus={}\n",
-        system.vmm, system.accel, args.template, args.memory_mib, system.capacity.host_cpus
+        "hearth-bench: vmm={} accel={} template={} net_template={} memory={} MiB host_cpus={}\n",
+        system.vmm,
+        system.accel,
+        args.template,
+        if fake_used {
+            args.net_template.as_str()
+        } else {
+            "-"
+        },
+        args.memory_mib,
+        system.capacity.host_cpus
     );
     println!("{}", stats::render(&rows));
     Ok(())

@@ -221,7 +221,11 @@ fn network_commands() {
     // net rm: refused while a sandbox is attached, then works.
     let out = d.run(&["net", "rm", "blue"]);
     assert!(!out.status.success(), "{}", stdout(&out));
-    assert!(stderr(&out).contains("blue"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("blue: ") && stderr(&out).contains("sandboxes attached"),
+        "{}",
+        stderr(&out)
+    );
     assert!(networks(&d).networks.iter().any(|n| n.name == "blue"));
     assert_eq!(ok(d.run(&["rm", &id])).trim(), id);
     assert_eq!(ok(d.run(&["net", "rm", "blue", "green"])), "blue\ngreen\n");
