@@ -494,3 +494,58 @@ async fn snapshot_requests_reject_wrong_answers() {
     assert_eq!(err.guest_kind(), Some(ErrorKind::InvalidRequest));
     assert!(!c.is_closed());
 }
+
+#[tokio::test]
+async fn watch_events_from_the_guest_are_checked() {
+    let (c, mut g) = connected().await;
+    let c2 = c.clone();
+    let watch = tokio::spawn(async move { c2.watch_dir("/w", false).await });
+    let (s, req, _) = g.next_request().await;
+    assert!(
+        matches!(req, HostMsg::WatchDir(ref r) if r.path == "/w"),
+        "{req:?}"
+    );
+    g.send(s, GuestMsg::Watching, b"").await;
+    let mut w = watch.await.expect("join").expect("watching");
+
+    // A well-formed batch; an empty one is skipped; an event kind from the future is kept as `Unknown`.
+    let good = br#"[{"kind":"create","path":"a"},{"kind":"teleport","path":"b"}]"#;
+    g.send(s, GuestMsg::WatchEvents, b"[]").await;
+    g.send(s, GuestMsg::WatchEvents, good).await;
+    let batch = w.next_batch().await.expect("batch").expect("valid");
+    assert_eq!(batch.len(), 2);
+    assert_eq!(batch[1].kind, hearth_proto::watch::WatchEventKind::Unknown);
+
+    // Not JSON: the watch ends with a protocol error, and nothing follows.
+    g.send(s, GuestMsg::WatchEvents, b"{not json").await;
+    assert!(matches!(
+        w.next_batch().await,
+        Some(Err(ClientError::Protocol(_)))
+    ));
+    assert!(w.next_batch().await.is_none());
+
+    // An overlong path is refused the same way.
+    let c2 = c.clone();
+    let watch = tokio::spawn(async move { c2.watch_dir("/w", true).await });
+    let (s, _, _) = g.next_request().await;
+    g.send(s, GuestMsg::Watching, b"").await;
+    let mut w = watch.await.expect("join").expect("watching");
+    let long = format!(r#"[{{"kind":"write","path":"{}"}}]"#, "x".repeat(5000));
+    g.send(s, GuestMsg::WatchEvents, long.as_bytes()).await;
+    assert!(matches!(
+        w.next_batch().await,
+        Some(Err(ClientError::Protocol(_)))
+    ));
+
+    // A watch answered with something else fails to start.
+    let c2 = c.clone();
+    let watch = tokio::spawn(async move { c2.watch_dir("/w", false).await });
+    let (s, _, _) = g.next_request().await;
+    g.send(s, GuestMsg::Pong, b"").await;
+    assert!(matches!(
+        watch.await.expect("join"),
+        Err(ClientError::Protocol(_))
+    ));
+    // Those were faults of single streams: the connection stays up.
+    assert!(!c.is_closed());
+}
