@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use hearth_net::netns::in_netns;
 use hearth_net::plane::{GuestLink, link_name};
 use hearth_net::{GATEWAY, GUEST_ADDR, PROXY_PORT};
 use plane_fixture::*;
@@ -164,9 +165,18 @@ fn a_policy_change_takes_effect_at_once() {
     let mut sb = net.with(2, |_| {});
     let g = sb.guest.path.clone();
     must_tcp(&g, sa(HOST_A, 8080));
+    // A connection open across the change (table replaced) keeps working: only new ones are judged again.
+    echo_server(&net.inet.path, sa(HOST_A, 9000));
+    let mut open = in_netns(&g, || {
+        std::net::TcpStream::connect_timeout(&sa(HOST_A, 9000), ALLOW_TIMEOUT)
+    })
+    .unwrap();
+    open.set_read_timeout(Some(ALLOW_TIMEOUT)).unwrap();
+    assert_eq!(echo(&mut open, "before"), "before");
     sb.net.default_allow = false;
     net.plane.apply_rules(&sb.net).unwrap();
     must_not_tcp(&g, sa(HOST_A, 8080));
+    assert_eq!(echo(&mut open, "after"), "after");
     sb.net.allow = vec!["203.0.113.10/32".parse().unwrap()];
     net.plane.apply_rules(&sb.net).unwrap();
     must_tcp(&g, sa(HOST_A, 8080));

@@ -264,6 +264,33 @@ pub fn tcp_server(ns: &Path, addr: SocketAddr) -> Server {
     server
 }
 
+/// A TCP server in `ns` that echoes what it reads, connection after connection.
+pub fn echo_server(ns: &Path, addr: SocketAddr) {
+    let listener = in_netns(ns, move || TcpListener::bind(addr)).expect("bind echo server");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0 || conn.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Sends `text` on an echo connection and reads the answer.
+pub fn echo(conn: &mut TcpStream, text: &str) -> String {
+    conn.write_all(text.as_bytes())
+        .expect("send on the open connection");
+    let mut buf = vec![0u8; text.len()];
+    conn.read_exact(&mut buf).expect("answer on the open connection");
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 /// A UDP server in `ns` bound to `addr` that answers each datagram with "peer=<peer address>".
 pub fn udp_server_on(ns: &Path, addr: SocketAddr, server: &Server) {
     let sock = in_netns(ns, move || UdpSocket::bind(addr)).expect("bind udp server");
