@@ -181,11 +181,15 @@ pub enum NetCommand {
     Detach { network: String, id: String },
     /// Show a sandbox's address, egress policy and networks.
     Show { id: String },
-    /// Replace a sandbox's egress policy (effective at once).
+    /// Replace a sandbox's egress policy (effective at once). Give at least one of --allow, --deny, --deny-all,
+    /// or --reset to go back to the default (everything allowed but the always-denied destinations).
     Policy {
         id: String,
         #[command(flatten)]
         egress: EgressArgs,
+        /// Back to the default policy: allow all, no rules.
+        #[arg(long, conflicts_with_all = ["allow", "deny", "deny_all"])]
+        reset: bool,
     },
     /// Show a sandbox's egress audit log.
     Log { id: String },

@@ -125,6 +125,11 @@ fn network_commands() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("not a rule"), "{}", stderr(&out));
     assert_eq!(show(&d, &id).egress.allow, ["203.0.113.0/24"]);
+    // No flags does not silently open everything.
+    let out = d.run(&["net", "policy", &id]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--reset"), "{}", stderr(&out));
+    assert_eq!(show(&d, &id).egress.default, hearth_api::EgressDefault::Deny);
 
     // attach / detach.
     let out = ok(d.run(&["net", "attach", "green", &id]));

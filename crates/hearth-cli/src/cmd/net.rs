@@ -65,8 +65,16 @@ pub async fn net(ctx: &Ctx, cmd: NetCommand) -> anyhow::Result<u8> {
                 ])
             })?;
         }
-        NetCommand::Policy { id, egress } => {
-            let policy = egress.policy().unwrap_or_default();
+        NetCommand::Policy { id, egress, reset } => {
+            // No flags must not silently open everything: the default policy needs --reset.
+            let policy = match (egress.policy(), reset) {
+                (Some(p), _) => p,
+                (None, true) => hearth_api::NetworkPolicy::default(),
+                (None, false) => anyhow::bail!(
+                    "give --allow, --deny or --deny-all (or --reset for the default policy); `hearth net show {}` prints the current one",
+                    output::clean(&id)
+                ),
+            };
             let n = client.set_network_policy(&id, &policy).await?;
             ctx.emit(&n, || format!("{}\n", output::clean(&id)))?;
         }
