@@ -14,11 +14,13 @@
 //!
 //! Progress: [`Sandboxes::create_template_reporting`] sends [`TemplateBuildEvent`]s (phases, each step's start,
 //! output lines and end, then `done` or `failed`) into a bounded channel that the SSE route drains. A slow reader
-//! slows the build (the agent's flow control holds the step's output back); a reader that goes away does not stop
-//! it: the build finishes, the build sandbox is destroyed, and the template is saved or not as usual.
+//! slows the build (the agent's flow control holds the step's output back), but one that stops reading is given up
+//! on after [`READER_PATIENCE`]; a reader that goes away does not stop it: the build finishes, the build sandbox is
+//! destroyed, and the template is saved or not as usual.
 
 use std::os::unix::fs::DirBuilderExt;
-
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hearth_api::{
@@ -53,8 +55,21 @@ fn file_size(p: &std::path::Path) -> u64 {
 }
 
 /// Where a build reports its progress; [`BuildProgress::none`] reports nothing (the plain JSON answer).
+///
+/// A reader that stops reading holds the build back for at most [`READER_PATIENCE`] per event; after that the
+/// build stops reporting and goes on, so a stalled client cannot keep a build sandbox alive.
 #[derive(Clone, Default)]
-pub struct BuildProgress(Option<mpsc::Sender<TemplateBuildEvent>>);
+pub struct BuildProgress(Option<Reporter>);
+
+#[derive(Clone)]
+struct Reporter {
+    tx: mpsc::Sender<TemplateBuildEvent>,
+    patience: Duration,
+    gave_up: Arc<AtomicBool>,
+}
+
+/// How long one progress event may wait for a reader that does not read.
+pub const READER_PATIENCE: Duration = Duration::from_secs(60);
 
 impl BuildProgress {
     pub fn none() -> Self {
@@ -63,18 +78,38 @@ impl BuildProgress {
 
     /// A reporter and the receiving end of its events (at most `capacity` waiting).
     pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<TemplateBuildEvent>) {
+        Self::channel_with_patience(capacity, READER_PATIENCE)
+    }
+
+    /// [`BuildProgress::channel`] giving up on a stalled reader after `patience` instead.
+    pub fn channel_with_patience(
+        capacity: usize,
+        patience: Duration,
+    ) -> (Self, mpsc::Receiver<TemplateBuildEvent>) {
         let (tx, rx) = mpsc::channel(capacity);
-        (BuildProgress(Some(tx)), rx)
+        let reporter = Reporter {
+            tx,
+            patience,
+            gave_up: Arc::default(),
+        };
+        (BuildProgress(Some(reporter)), rx)
     }
 
     fn active(&self) -> bool {
-        self.0.as_ref().is_some_and(|tx| !tx.is_closed())
+        self.0
+            .as_ref()
+            .is_some_and(|r| !r.tx.is_closed() && !r.gave_up.load(Ordering::Relaxed))
     }
 
     async fn send(&self, ev: TemplateBuildEvent) {
-        if let Some(tx) = &self.0 {
-            // A reader that went away does not stop the build.
-            let _ = tx.send(ev).await;
+        let Some(r) = &self.0 else { return };
+        if r.gave_up.load(Ordering::Relaxed) {
+            return;
+        }
+        // A reader that went away does not stop the build; one that stalls is given up on.
+        if let Err(mpsc::error::SendTimeoutError::Timeout(_)) = r.tx.send_timeout(ev, r.patience).await {
+            tracing::warn!("template build: the progress reader stopped reading; reporting no more");
+            r.gave_up.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -592,6 +627,26 @@ mod tests {
         let mut quiet = StepStream::new(OutputStream::Stdout);
         assert!(quiet.push(b"a\nb\n", false).is_empty());
         assert_eq!(quiet.tail_text(), "a\nb\n");
+    }
+
+    #[tokio::test]
+    async fn a_stalled_reader_is_given_up_on() {
+        let (progress, mut rx) = BuildProgress::channel_with_patience(1, Duration::from_millis(50));
+        let phase = || TemplateBuildEvent::Phase {
+            phase: BuildPhase::Saving,
+        };
+        progress.send(phase()).await;
+        assert!(progress.active());
+        let t = std::time::Instant::now();
+        progress.send(phase()).await;
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        assert!(!progress.active(), "given up after the patience");
+        let t = std::time::Instant::now();
+        progress.send(phase()).await;
+        assert!(t.elapsed() < Duration::from_millis(50), "no more waiting");
+        assert_eq!(rx.recv().await, Some(phase()));
+        drop(progress);
+        assert_eq!(rx.recv().await, None);
     }
 
     #[test]
