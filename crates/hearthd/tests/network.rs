@@ -392,6 +392,9 @@ async fn private_networks_ingress_exposed_ports_and_restart() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
 
+    // Upgrades (WebSocket and the like) pass through the exposed port both ways.
+    upgrade_round_trip(&d, &web.id).await;
+
     // Deleting a network in use is refused; detaching cuts the link at once.
     let resp = d.req(Method::DELETE, "/v1/networks/blue").send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::CONFLICT);
@@ -586,4 +589,75 @@ async fn resumed_and_forked_sandboxes_keep_working_connectivity() {
         d.destroy(id).await;
         assert!(!netns_exists(id));
     }
+}
+
+/// A guest server that answers an upgrade with 101 and then echoes in upper case.
+const UPGRADE_SERVER_PY: &str = r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8001))
+s.listen(4)
+while True:
+    c, _ = s.accept()
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        d = c.recv(1024)
+        if not d:
+            break
+        buf += d
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+    while True:
+        d = c.recv(1024)
+        if not d:
+            break
+        c.sendall(d.upper())
+    c.close()
+"#;
+
+/// Opens `/v1/sandboxes/{id}/ports/8001/` with `Connection: Upgrade` over a raw TCP connection to the daemon,
+/// expects 101, then sends bytes through and reads the guest's echo.
+async fn upgrade_round_trip(d: &Daemon, id: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (status, _) = d
+        .put_file(id, "/root/upgrade.py", UPGRADE_SERVER_PY.as_bytes().to_vec())
+        .await;
+    assert!(status.is_success());
+    let (status, body) = d
+        .run_raw(
+            id,
+            json!({"cmd": "exec python3 /root/upgrade.py >/dev/null 2>&1", "background": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let mut last = String::new();
+    for _ in 0..20 {
+        let mut s = tokio::net::TcpStream::connect(&d.addr).await.unwrap();
+        let req = format!(
+            "GET /v1/sandboxes/{id}/ports/8001/ HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+            d.key
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut byte)).await {
+                Ok(Ok(1)) => head.push(byte[0]),
+                _ => break,
+            }
+        }
+        last = String::from_utf8_lossy(&head).to_string();
+        if last.starts_with("HTTP/1.1 101") {
+            s.write_all(b"through the port").await.unwrap();
+            let mut echo = vec![0u8; 16];
+            tokio::time::timeout(std::time::Duration::from_secs(10), s.read_exact(&mut echo))
+                .await
+                .expect("echo in time")
+                .unwrap();
+            assert_eq!(echo, b"THROUGH THE PORT");
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    panic!("no upgrade through the exposed port: {last}");
 }
