@@ -32,6 +32,25 @@ pub struct CreateSandboxArgs {
     /// Free-form labels kept with the sandbox (filter list_sandboxes by them).
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Egress: destinations the sandbox may reach. Rules are IP addresses or CIDRs ("203.0.113.0/24"), domain
+    /// names ("example.com", that name only) and wildcards ("*.example.com", every name below it). Only
+    /// meaningful with deny_all (otherwise everything not denied is reachable anyway).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Egress: destinations the sandbox may not reach (same rule syntax as allow; deny wins over allow).
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Deny all egress that no allow rule names. Default false: the internet is reachable except deny rules and
+    /// the always-denied private, link-local and host addresses.
+    #[serde(default)]
+    pub deny_all: bool,
+    /// Private networks (names from network_list, or net_ ids) to attach the sandbox to.
+    #[serde(default)]
+    pub networks: Vec<String>,
+    /// A name, unique among live sandboxes: private-network peers reach it as <name>.<network>.internal.
+    /// 1-32 characters of a-z, 0-9 and '-', starting with a letter.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -158,4 +177,89 @@ pub struct CreateTemplateArgs {
 pub struct TemplateArgs {
     /// The template's name, as list_templates shows it.
     pub name: String,
+}
+
+/// What egress no rule names gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EgressDefault {
+    /// Everything not denied may be reached (the always-denied addresses stay denied).
+    Allow,
+    /// Only what an allow rule names may be reached.
+    Deny,
+}
+
+impl From<EgressDefault> for hearth_api::EgressDefault {
+    fn from(d: EgressDefault) -> Self {
+        match d {
+            EgressDefault::Allow => hearth_api::EgressDefault::Allow,
+            EgressDefault::Deny => hearth_api::EgressDefault::Deny,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetPolicyArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    /// "allow": everything not denied is reachable; "deny": only what `allow` names is reachable.
+    pub default: EgressDefault,
+    /// Rules for destinations that may be reached: IP addresses or CIDRs ("203.0.113.7", "203.0.113.0/24",
+    /// "2001:db8::/32"), domain names ("example.com", that name only) and wildcards ("*.example.com", every
+    /// name below example.com but not example.com itself).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Rules for destinations that may not be reached, same syntax as allow. Deny wins over allow.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+/// Largest `limit` of `network_log`: the daemon keeps this many entries per sandbox.
+pub const MAX_LOG: usize = 1000;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkLogArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    /// How many of the newest entries to return, 1-1000. Default 50.
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkNameArgs {
+    /// Name of the new private network: 1-32 characters of a-z, 0-9 and '-', starting with a letter (it becomes
+    /// a DNS label: members reach each other as <sandbox>.<network>.internal).
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkArgs {
+    /// The private network's name (or net_ id), as network_list shows it.
+    pub network: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MembershipArgs {
+    /// The private network's name (or net_ id).
+    pub network: String,
+    /// The sandbox's id.
+    pub sandbox_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PortExposeArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    /// The TCP port a server in the sandbox listens on (1-65535), e.g. 8000.
+    pub port: u16,
+    /// Seconds the returned URL keeps working, 1-86400. Default 3600.
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
 }

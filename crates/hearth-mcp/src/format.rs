@@ -128,6 +128,38 @@ pub fn file_content(path: &str, offset: u64, data: &[u8], size: u64) -> Value {
     v
 }
 
+/// The `network_log` result: the newest `limit` entries of `log` (oldest first), and a note when older entries
+/// were left out or the daemon's log had already dropped some.
+pub fn egress_log(log: &hearth_api::EgressLog, limit: usize) -> Value {
+    let total = log.events.len();
+    let shown = &log.events[total.saturating_sub(limit)..];
+    let mut v = json!({
+        "events": serde_json::to_value(shown).unwrap_or(Value::Null),
+        "shown": shown.len(),
+        "total": total,
+    });
+    let mut notes = Vec::new();
+    if shown.len() < total {
+        notes.push(format!(
+            "only the newest {} of {total} entries are shown; pass a larger limit (at most {}) to see older ones.",
+            shown.len(),
+            crate::args::MAX_LOG,
+        ));
+    }
+    if log.dropped > 0 {
+        v["dropped"] = json!(log.dropped);
+        notes.push(format!(
+            "{} older entries were dropped by the daemon (it keeps the newest {} per sandbox).",
+            log.dropped,
+            crate::args::MAX_LOG,
+        ));
+    }
+    if !notes.is_empty() {
+        v["truncated"] = json!(notes.join(" "));
+    }
+    v
+}
+
 /// A failed API call as a tool error an agent can act on: the stable code, the HTTP status and the message.
 pub fn api_error(err: &hearth_client::Error) -> CallToolResult {
     let body = match err {
@@ -216,6 +248,53 @@ mod tests {
         assert_eq!(v["content"], "ab");
         assert_eq!(v["next_offset"], 12);
         assert!(v["more"].as_str().unwrap().contains("offset 12"));
+    }
+
+    #[test]
+    fn egress_log_keeps_the_newest_and_says_so() {
+        let event = |port: u16| hearth_api::EgressEvent {
+            at: "2026-01-01T00:00:00.000Z".into(),
+            protocol: hearth_api::NetProtocol::Tcp,
+            destination: Some("203.0.113.7".into()),
+            port: Some(port),
+            name: None,
+            allowed: false,
+            reason: "default_deny".into(),
+            rule: None,
+        };
+        let log = hearth_api::EgressLog {
+            events: (1..=5).map(event).collect(),
+            dropped: 0,
+        };
+        let v = egress_log(&log, 2);
+        let ports: Vec<u64> = v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["port"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ports, [4, 5]);
+        assert_eq!(v["total"], 5);
+        let note = v["truncated"].as_str().unwrap();
+        assert!(note.contains("newest 2 of 5"), "{note}");
+        assert!(v.get("dropped").is_none());
+
+        let v = egress_log(&log, 50);
+        assert_eq!(v["shown"], 5);
+        assert!(v.get("truncated").is_none());
+
+        let full = hearth_api::EgressLog {
+            events: vec![event(1)],
+            dropped: 7,
+        };
+        let v = egress_log(&full, 50);
+        assert_eq!(v["dropped"], 7);
+        assert!(
+            v["truncated"]
+                .as_str()
+                .unwrap()
+                .contains("7 older entries were dropped")
+        );
     }
 
     #[test]

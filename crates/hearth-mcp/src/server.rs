@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use futures::StreamExt;
-use hearth_api::{CommandEvent, CreateSandboxRequest, ErrorCode, FileKind, RunCommandRequest, SandboxState};
+use hearth_api::{
+    CommandEvent, CreateSandboxRequest, EgressPolicy, ErrorCode, FileKind, NetworkPolicy, RunCommandRequest,
+    SandboxState,
+};
 use hearth_client::{Client, ListFilter};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -18,7 +21,8 @@ use serde_json::{Value, json};
 
 use crate::args::{
     CreateSandboxArgs, CreateTemplateArgs, Encoding, ExecArgs, ForkArgs, ListFilesArgs, ListSandboxesArgs,
-    MAX_READ, ReadFileArgs, SandboxArgs, SetTimeoutArgs, TemplateArgs, WriteFileArgs,
+    MAX_LOG, MAX_READ, MembershipArgs, NetworkArgs, NetworkLogArgs, NetworkNameArgs, PortExposeArgs,
+    ReadFileArgs, SandboxArgs, SetPolicyArgs, SetTimeoutArgs, TemplateArgs, WriteFileArgs,
 };
 use crate::format::{self, Capped};
 
@@ -28,7 +32,10 @@ Create one with create_sandbox, then run shell commands in it with exec and move
 read_file and list_files, always passing the sandbox_id that create_sandbox returned. A sandbox is destroyed \
 when its timeout expires (extend it with set_timeout) or by kill_sandbox; kill sandboxes you no longer need. \
 pause_sandbox keeps a sandbox on disk without using CPU or memory until resume_sandbox. create_template saves a \
-prepared sandbox as a template that new sandboxes start from.";
+prepared sandbox as a template that new sandboxes start from. Egress from a sandbox follows its policy \
+(network_policy_get, network_policy_set, and allow/deny/deny_all at create_sandbox; network_log shows what it \
+tried to reach); sandboxes on the same private network (network_create, network_attach) reach each other; \
+port_expose gives a URL that opens a server port inside a sandbox.";
 
 /// Where tool calls get their API client.
 #[derive(Clone)]
@@ -150,7 +157,9 @@ impl HearthMcp {
     #[tool(
         annotations(destructive_hint = false),
         description = "Create a sandbox (a Linux microVM) and wait until it runs; returns it, with the `id` \
-                          to pass as sandbox_id to the other tools. Booting takes a few seconds."
+                          to pass as sandbox_id to the other tools. Booting takes a few seconds. Optionally \
+                          restrict its egress (deny_all, allow, deny: see network_policy_set for the rule \
+                          syntax), attach it to private networks and name it."
     )]
     async fn create_sandbox(
         &self,
@@ -158,6 +167,17 @@ impl HearthMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let client = tri!(self.client(&ctx));
+        let network = (a.deny_all || !a.allow.is_empty() || !a.deny.is_empty()).then_some(NetworkPolicy {
+            egress: EgressPolicy {
+                default: if a.deny_all {
+                    hearth_api::EgressDefault::Deny
+                } else {
+                    hearth_api::EgressDefault::Allow
+                },
+                allow: a.allow,
+                deny: a.deny,
+            },
+        });
         let req = CreateSandboxRequest {
             template: a.template,
             vcpus: a.vcpus,
@@ -165,6 +185,9 @@ impl HearthMcp {
             timeout_s: a.timeout_s,
             env: a.env,
             metadata: a.metadata,
+            network,
+            networks: a.networks,
+            name: a.name,
             ..Default::default()
         };
         let sbx = api!(client.create_sandbox(&req));
@@ -499,6 +522,191 @@ impl HearthMcp {
         let sbx = api!(client.set_timeout(&a.sandbox_id, a.timeout_s));
         ok_json(to_json(&sbx))
     }
+
+    #[tool(
+        annotations(read_only_hint = true),
+        description = "Show a sandbox's network: its address (as private-network peers reach it), the address the \
+                       guest sees on eth0, its egress policy (default allow|deny, allow and deny rules) and the \
+                       private networks it is attached to."
+    )]
+    async fn network_policy_get(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let net = api!(client.sandbox_network(&a.sandbox_id));
+        ok_json(network_json(&a.sandbox_id, &net))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false, idempotent_hint = true),
+        description = "Replace a sandbox's egress policy; it applies at once to new connections and DNS \
+                       lookups. default \"allow\" reaches everything except deny rules, default \"deny\" only \
+                       what allow rules name; deny rules win over allow rules. A rule is an IP address or CIDR \
+                       (\"203.0.113.7\", \"203.0.113.0/24\", \"2001:db8::/32\"), a domain name \
+                       (\"example.com\": that name only) or a wildcard (\"*.example.com\": every name below \
+                       example.com, not example.com itself). Private, link-local, loopback and host addresses \
+                       are always denied. An invalid rule is refused (invalid_argument, naming the rule) and the \
+                       old policy stays. Returns the sandbox's network as network_policy_get does."
+    )]
+    async fn network_policy_set(
+        &self,
+        Parameters(a): Parameters<SetPolicyArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let policy = NetworkPolicy {
+            egress: EgressPolicy {
+                default: a.default.into(),
+                allow: a.allow,
+                deny: a.deny,
+            },
+        };
+        let net = api!(client.set_network_policy(&a.sandbox_id, &policy));
+        ok_json(network_json(&a.sandbox_id, &net))
+    }
+
+    #[tool(
+        annotations(read_only_hint = true),
+        description = "A sandbox's egress audit log, oldest first: every connection and DNS lookup it attempted \
+                       with destination, port, name (DNS, TLS SNI or HTTP Host), protocol, allowed, reason \
+                       (allow_rule, deny_rule, default_allow, default_deny, always_denied, dns_blocked, ...) and \
+                       the rule that decided. Returns the newest `limit` entries (default 50, at most 1000) \
+                       with a note when older ones were left out."
+    )]
+    async fn network_log(
+        &self,
+        Parameters(a): Parameters<NetworkLogArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let limit = a.limit.unwrap_or(DEFAULT_LOG);
+        if !(1..=MAX_LOG).contains(&limit) {
+            return Ok(format::invalid_argument(format!(
+                "limit {limit} must be between 1 and {MAX_LOG}"
+            )));
+        }
+        let log = api!(client.network_log(&a.sandbox_id));
+        ok_json(format::egress_log(&log, limit))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false),
+        description = "Create a private network. Sandboxes attached to the same network (network_attach, or \
+                       create_sandbox with networks) reach each other by address and as \
+                       <sandbox id or name>.<network>.internal; sandboxes sharing no network cannot exchange a \
+                       packet. Returns the network (id, name, members)."
+    )]
+    async fn network_create(
+        &self,
+        Parameters(a): Parameters<NetworkNameArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let net = api!(client.create_network(&a.name));
+        ok_json(to_json(&net))
+    }
+
+    #[tool(
+        annotations(read_only_hint = true),
+        description = "List the private networks: id, name, created_at and members (sandbox ids)."
+    )]
+    async fn network_list(&self, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let list = api!(client.list_networks());
+        ok_json(to_json(&list))
+    }
+
+    #[tool(
+        annotations(destructive_hint = true, idempotent_hint = true),
+        description = "Delete a private network. Refused (conflict) while sandboxes are attached: detach them \
+                       (network_detach) or kill them first."
+    )]
+    async fn network_delete(
+        &self,
+        Parameters(a): Parameters<NetworkArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        api!(client.delete_network(&a.network));
+        ok_json(json!({ "deleted": a.network }))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false, idempotent_hint = true),
+        description = "Attach a sandbox to a private network: from now on it and the other members reach each \
+                       other (by address and as <sandbox id or name>.<network>.internal). Returns the network \
+                       with its members."
+    )]
+    async fn network_attach(
+        &self,
+        Parameters(a): Parameters<MembershipArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let net = api!(client.attach_network(&a.network, &a.sandbox_id));
+        ok_json(to_json(&net))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false, idempotent_hint = true),
+        description = "Detach a sandbox from a private network; its connections to the other members are cut \
+                       at once. Returns the network with its remaining members."
+    )]
+    async fn network_detach(
+        &self,
+        Parameters(a): Parameters<MembershipArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let net = api!(client.detach_network(&a.network, &a.sandbox_id));
+        ok_json(to_json(&net))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false),
+        description = "Expose a TCP port of a sandbox over HTTP: returns a URL on the hearth daemon, carrying a \
+                       signed token, that forwards HTTP and WebSocket requests to the server listening on that \
+                       port inside the sandbox (start the server first, e.g. with exec in the background). \
+                       Anyone with the URL can use it until expires_at (ttl_s, default 3600, at most 86400); \
+                       append a path before the `?`, e.g. .../ports/8000/index.html?hearth_token=..."
+    )]
+    async fn port_expose(
+        &self,
+        Parameters(a): Parameters<PortExposeArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let t = api!(client.port_token(&a.sandbox_id, a.port, a.ttl_s));
+        // The daemon answers with a path: make it a URL that works as is.
+        let base = client.base_url().as_str().trim_end_matches('/').to_owned();
+        ok_json(json!({
+            "url": format!("{base}{}", t.url),
+            "token": t.token,
+            "expires_at": t.expires_at,
+            "port": a.port,
+            "sandbox_id": a.sandbox_id,
+        }))
+    }
+}
+
+/// Default `limit` of `network_log`.
+const DEFAULT_LOG: usize = 50;
+
+/// A sandbox's network as the tools show it: every field present (empty rule lists too).
+fn network_json(id: &str, n: &hearth_api::SandboxNetwork) -> Value {
+    json!({
+        "sandbox_id": id,
+        "address": n.address,
+        "guest_address": n.guest_address,
+        "egress": {
+            "default": n.egress.default.as_str(),
+            "allow": n.egress.allow,
+            "deny": n.egress.deny,
+        },
+        "networks": n.networks,
+    })
 }
 
 /// A template as the tools show it (`has_memory` instead of the internal snapshot id).

@@ -75,8 +75,35 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts hearthd on 127.0.0.1 (a free port) with a fresh data directory and the shared images.
+    /// Starts hearthd on 127.0.0.1 (a free port) with a fresh data directory and the shared images, sandbox
+    /// networking off.
     pub fn start() -> Daemon {
+        // Sandbox networking is exercised by its own tests, each with an uplink namespace of its own.
+        Daemon::start_with(&[], &[("HEARTH_NETWORK", "off")])
+    }
+
+    /// Starts hearthd with sandbox networking on: `uplink` (a namespace the test made, with no route anywhere,
+    /// so nothing a guest sends leaves it) as the uplink and `range` (e.g. `10.213.70.0/24`, distinct from
+    /// every other test's) as the sandbox range.
+    pub fn start_networked(uplink: &TestNetns, range: &str) -> Daemon {
+        let uplink = uplink.path.display().to_string();
+        Daemon::start_with(
+            &[
+                "--network",
+                "on",
+                "--uplink-netns",
+                &uplink,
+                "--sandbox-net",
+                range,
+                // Nothing answers there: the uplink namespace has no route anywhere.
+                "--dns-upstream",
+                "192.0.2.53:53",
+            ],
+            &[],
+        )
+    }
+
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let bin = bin_dir().join("hearthd");
         let data = tempfile::tempdir().unwrap();
         let log = data.path().join("hearthd.log");
@@ -91,8 +118,8 @@ impl Daemon {
             .arg(images_dir())
             .arg("--default-template")
             .arg("minimal")
-            // Sandbox networking is exercised by its own tests, each with an uplink namespace of its own.
-            .env("HEARTH_NETWORK", "off")
+            .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
@@ -192,6 +219,45 @@ impl Drop for Daemon {
         if std::thread::panicking() {
             eprintln!("---- hearthd log ----\n{}", self.log());
         }
+    }
+}
+
+/// A network namespace made for one test (`ip netns add`, loopback up), deleted on drop, even when the test
+/// fails. Declare it before the [`Daemon`] using it, so that it is dropped after the daemon.
+pub struct TestNetns {
+    pub name: String,
+    pub path: PathBuf,
+}
+
+impl TestNetns {
+    pub fn new(prefix: &str) -> TestNetns {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!("{prefix}-{}-{nanos:08x}", std::process::id());
+        let ns = TestNetns {
+            path: PathBuf::from("/run/netns").join(&name),
+            name,
+        };
+        for args in [
+            vec!["netns", "add", ns.name.as_str()],
+            vec!["-n", ns.name.as_str(), "link", "set", "lo", "up"],
+        ] {
+            let out = Command::new("ip").args(&args).output().expect("ip runs");
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        ns
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
 
