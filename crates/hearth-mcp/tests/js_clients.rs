@@ -10,7 +10,7 @@ mod support;
 
 use std::process::Command;
 
-use support::{Daemon, js_dir, npm_ci};
+use support::{Daemon, TestNetns, js_dir, npm_ci};
 
 /// Runs `node client.mjs SDK TRANSPORT MODE` against `config` (one server entry of docs/mcp.md).
 fn run_client(daemon: &Daemon, sdk: &str, transport: &str, mode: &str, config: &serde_json::Value) {
@@ -53,6 +53,17 @@ fn ts_client_v2_speaks_the_stateless_revision() {
     let daemon = Daemon::start();
     run_client(&daemon, "v2", "stdio", "quick", &daemon.doc_config("stdio"));
     run_client(&daemon, "v2", "http", "quick", &daemon.doc_config("http"));
+}
+
+/// The network policy tools from the official client, against a daemon with sandbox networking on (its uplink an
+/// empty namespace this test made): create with a policy, network_policy_set and _get, a bad rule as a tool error.
+#[test]
+fn ts_sdk_sets_and_gets_a_network_policy() {
+    // Declared first so that it is removed last, after the daemon and its sandboxes.
+    let uplink = TestNetns::new("hmcp-js");
+    let daemon = Daemon::start_networked(&uplink, "10.213.71.0/24");
+    run_client(&daemon, "v1", "http", "network", &daemon.doc_config("http"));
+    run_client(&daemon, "v2", "stdio", "network", &daemon.doc_config("stdio"));
 }
 
 #[tokio::test]

@@ -5,6 +5,8 @@
 //   v2: @modelcontextprotocol/client pinned to 2026-07-28 (stateless)
 //   quick: list tools, call list_sandboxes, check bad arguments come back as tool errors
 //   full: quick, then create -> exec -> write/read/list files -> set_timeout -> kill with a real VM
+//   network: quick, then create with an egress policy -> network_policy_set/get -> a bad rule -> kill (needs a
+//     daemon with sandbox networking on)
 // HEARTH_MCP_CONFIG is one server entry of an agent's MCP configuration, as docs/mcp.md shows it:
 // {"command", "args", "env"} for stdio or {"url", "headers"} for HTTP.
 
@@ -79,7 +81,9 @@ try {
   log(`tools: ${names.join(", ")}`);
   for (const want of [
     "create_sandbox", "create_template", "delete_template", "exec", "fork_sandbox", "kill_sandbox", "list_files", "list_sandboxes", "list_templates", "pause_sandbox",
-    "read_file", "resume_sandbox", "sandbox_info", "set_timeout", "write_file",
+    "read_file", "resume_sandbox", "sandbox_info", "set_timeout", "write_file", "network_policy_get",
+    "network_policy_set", "network_log", "network_create", "network_list", "network_delete", "network_attach",
+    "network_detach", "port_expose",
   ]) {
     assert.ok(names.includes(want), `missing tool ${want}`);
   }
@@ -234,6 +238,39 @@ try {
     }
     r = toolError(await call("sandbox_info", { sandbox_id: id }));
     assert.equal(json(r).error.code, "not_found");
+  }
+  if (mode === "network") {
+    const setPolicy = tools.find((t) => t.name === "network_policy_set");
+    assert.deepEqual([...setPolicy.inputSchema.required].sort(), ["default", "sandbox_id"]);
+    assert.match(setPolicy.description, /CIDR/);
+    assert.match(setPolicy.description, /\*\.example\.com/);
+
+    log("create_sandbox with a policy");
+    const sbx = ok(await call("create_sandbox", {
+      template: "minimal", timeout_s: 600, deny_all: true, allow: ["203.0.113.0/24", "example.com"],
+    }));
+    const id = sbx.id;
+    try {
+      let net = ok(await call("network_policy_get", { sandbox_id: id }));
+      assert.deepEqual(net.egress, { default: "deny", allow: ["203.0.113.0/24", "example.com"], deny: [] });
+      assert.match(net.address, /^\d+\.\d+\.\d+\.\d+$/);
+
+      log("network_policy_set");
+      const want = { default: "allow", allow: [], deny: ["*.example.org", "198.51.100.0/24"] };
+      net = ok(await call("network_policy_set", { sandbox_id: id, ...want }));
+      assert.deepEqual(net.egress, want);
+      assert.deepEqual(ok(await call("network_policy_get", { sandbox_id: id })).egress, want);
+
+      // A bad rule is a tool error naming the rule; the policy stays.
+      r = toolError(await call("network_policy_set", { sandbox_id: id, default: "deny", allow: ["exa mple.com"] }));
+      assert.equal(json(r).error.code, "invalid_argument");
+      assert.match(json(r).error.message, /exa mple\.com/);
+      assert.deepEqual(ok(await call("network_policy_get", { sandbox_id: id })).egress, want);
+      r = toolError(await call("network_policy_set", { sandbox_id: id, allow: ["203.0.113.0/24"] }));
+      assert.match(r.content[0].text, /default/);
+    } finally {
+      ok(await call("kill_sandbox", { sandbox_id: id }));
+    }
   }
   log("ok");
 } finally {
