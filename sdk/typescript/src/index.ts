@@ -1,8 +1,8 @@
 // hearth's TypeScript SDK: `Sandbox` (create/connect/list/kill), `sbx.commands`, `sbx.files`, typed errors.
 //
 // Layout: client.ts (connection settings, openapi-fetch transport, error mapping), sandbox.ts, commands.ts,
-// files.ts, watch.ts (files.watchDir), templates.ts, sse.ts (event-stream reader), errors.ts; generated/openapi.ts
-// is generated from docs/openapi.json.
+// files.ts, watch.ts (files.watchDir), templates.ts, network.ts (sbx.network, Network), sse.ts (event-stream
+// reader), errors.ts; generated/openapi.ts is generated from docs/openapi.json.
 
 export { Sandbox } from "./sandbox.js";
 export type {
@@ -24,6 +24,18 @@ export { WatchHandle } from "./watch.js";
 export type { FilesystemEvent, FilesystemEventType, WatchOpts } from "./watch.js";
 export { Template } from "./templates.js";
 export type { BuildOpts, FromSandboxOpts, Recipe, TemplateBuildEvent, TemplateInfo } from "./templates.js";
+export { Network, SandboxNetwork } from "./network.js";
+export type {
+  EgressDefault,
+  EgressEvent,
+  EgressLog,
+  EgressPolicy,
+  ExposedPort,
+  NetProtocol,
+  NetworkInfo,
+  NetworkOpts,
+  SandboxNetworkInfo,
+} from "./network.js";
 export { DEFAULT_URL } from "./client.js";
 export type { ConnectionOpts, RequestOpts } from "./client.js";
 export {

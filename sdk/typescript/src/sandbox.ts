@@ -4,6 +4,7 @@ import { Commands } from "./commands.js";
 import { Connection, type ConnectionOpts, type RequestOpts, msToSeconds } from "./client.js";
 import { HearthError } from "./errors.js";
 import { Files } from "./files.js";
+import { type NetworkOpts, SandboxNetwork, policyBody } from "./network.js";
 import type { components } from "./generated/openapi.js";
 
 type Schemas = components["schemas"];
@@ -111,6 +112,12 @@ export interface SandboxOpts extends ConnectionOpts, RequestOpts {
   metadata?: Record<string, string> | undefined;
   /** Pause instead of destroy on timeout; whether a paused sandbox resumes by itself. */
   lifecycle?: SandboxLifecycle | undefined;
+  /** Egress policy (`{ egress: { default, allow, deny } }`). Default: everything but the always-denied. */
+  network?: NetworkOpts | undefined;
+  /** Private networks (names or `net_` ids) to attach the sandbox to. */
+  networks?: string[] | undefined;
+  /** A name unique among live sandboxes: network peers reach it as `<name>.<network>.internal`. */
+  name?: string | undefined;
 }
 
 /** Options of `Sandbox.connect`. */
@@ -154,6 +161,8 @@ export class Sandbox {
   readonly commands: Commands;
   /** Read and write files. */
   readonly files: Files;
+  /** Egress policy, egress log and exposed ports. */
+  readonly network: SandboxNetwork;
   private readonly conn: Connection;
 
   private constructor(conn: Connection, id: string) {
@@ -161,6 +170,7 @@ export class Sandbox {
     this.id = id;
     this.commands = new Commands(conn, id);
     this.files = new Files(conn, id);
+    this.network = new SandboxNetwork(conn, id);
   }
 
   /** Same as `id` (the name other sandbox SDKs use). */
@@ -190,6 +200,9 @@ export class Sandbox {
       on_timeout: opts.lifecycle?.onTimeout ?? null,
       auto_resume: opts.lifecycle?.autoResume ?? null,
       snapshot: opts.snapshot ?? null,
+      network: opts.network ? policyBody(opts.network.egress) : null,
+      networks: opts.networks ?? [],
+      name: opts.name ?? null,
     };
     const { data } = await conn.call(opts, (signal) => conn.api.POST("/v1/sandboxes", { body, signal }));
     return new Sandbox(conn, data.id);

@@ -1,9 +1,10 @@
 // Test harness: a real `hearthd` (target/debug/hearthd, or $HEARTHD_BIN) on a temporary data directory,
 // listening on a free loopback port, with the guest images of /var/lib/hearth/images (or $HEARTH_IMAGES) and
-// `minimal` as the default template. `stop()` destroys every sandbox it still has through the API, then
-// stops the daemon (SIGTERM, SIGKILL after 10 s) and removes the directory.
+// `minimal` as the default template, sandbox networking off unless asked for. `stop()` destroys every sandbox it
+// still has through the API, then stops the daemon (SIGTERM, SIGKILL after 10 s) and removes the directory (and
+// the uplink namespace of a networked daemon).
 
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, openSync, readFileSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -60,7 +61,22 @@ async function waitForLine(path: string, child: ChildProcess, log: () => string,
   }
 }
 
-export async function startDaemon(): Promise<Daemon> {
+/** Options of `startDaemon`. */
+export interface DaemonOpts {
+  /**
+   * Turn sandbox networking on (it is off otherwise), with this sandbox range (e.g. `10.213.72.0/24`, distinct
+   * from every other test's) and as uplink an empty network namespace made for this daemon (`ip netns add`,
+   * removed by `stop()`): it has no route anywhere, so nothing a guest sends leaves it. Needs root and `nft`.
+   */
+  sandboxNet?: string | undefined;
+}
+
+function ip(...args: string[]): void {
+  const r = spawnSync("ip", args, { encoding: "utf8" });
+  if (r.status !== 0) throw new Error(`ip ${args.join(" ")}: ${r.stderr || r.error}`);
+}
+
+export async function startDaemon(opts: DaemonOpts = {}): Promise<Daemon> {
   const bin = process.env.HEARTHD_BIN ?? join(REPO_ROOT, "target/debug/hearthd");
   if (!existsSync(bin)) throw new Error(`${bin} is missing: run \`cargo build -p hearthd\` first`);
   const images = process.env.HEARTH_IMAGES ?? "/var/lib/hearth/images";
@@ -68,13 +84,37 @@ export async function startDaemon(): Promise<Daemon> {
   const state = join(root, "state");
   const logPath = join(root, "hearthd.log");
   const logFd = openSync(logPath, "w");
-  const child = spawn(
-    bin,
-    ["--listen", "127.0.0.1:0", "--data-dir", state, "--images-dir", images, "--default-template", "minimal"],
-    { stdio: ["ignore", logFd, logFd], env: { ...process.env, RUST_LOG: "info", HEARTH_NETWORK: "off" } },
-  );
+  const args = ["--listen", "127.0.0.1:0", "--data-dir", state, "--images-dir", images, "--default-template", "minimal"];
+  const env: NodeJS.ProcessEnv = { ...process.env, RUST_LOG: "info", HEARTH_NETWORK: "off" };
+  let netns: string | undefined;
+  const removeNetns = () => {
+    if (netns) spawnSync("ip", ["netns", "del", netns]);
+    netns = undefined;
+  };
+  if (opts.sandboxNet) {
+    netns = `hsdk-${process.pid}-${Date.now().toString(16).slice(-6)}`;
+    try {
+      ip("netns", "add", netns);
+      ip("-n", netns, "link", "set", "lo", "up");
+    } catch (err) {
+      removeNetns();
+      throw err;
+    }
+    delete env.HEARTH_NETWORK;
+    // Nothing answers at the DNS upstream: the uplink namespace has no route anywhere.
+    args.push("--network", "on", "--uplink-netns", `/run/netns/${netns}`, "--sandbox-net", opts.sandboxNet);
+    args.push("--dns-upstream", "192.0.2.53:53");
+  }
+  const child = spawn(bin, args, { stdio: ["ignore", logFd, logFd], env });
   const log = () => (existsSync(logPath) ? readFileSync(logPath, "utf8") : "");
-  const addr = await waitForLine(join(state, "listen-addr"), child, log, 60_000);
+  let addr: string;
+  try {
+    addr = await waitForLine(join(state, "listen-addr"), child, log, 60_000);
+  } catch (err) {
+    child.kill("SIGKILL");
+    removeNetns();
+    throw err;
+  }
   const apiKey = readFileSync(join(state, "api-key"), "utf8").trim();
   const url = `http://${addr}`;
   const exited = new Promise<void>((r) => child.once("exit", () => r()));
@@ -107,6 +147,7 @@ export async function startDaemon(): Promise<Daemon> {
         }
       }
       rmSync(root, { recursive: true, force: true });
+      removeNetns();
     }
     return leftovers;
   };

@@ -51,7 +51,8 @@ const found = examples(page);
 let daemon: Daemon;
 
 before(async () => {
-  daemon = await startDaemon();
+  // Sandbox networking on (with a range of its own): the page's Networks section needs it.
+  daemon = await startDaemon({ sandboxNet: "10.213.73.0/24" });
 });
 
 after(async () => {
