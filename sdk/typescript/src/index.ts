@@ -24,6 +24,8 @@ export { WatchHandle } from "./watch.js";
 export type { FilesystemEvent, FilesystemEventType, WatchOpts } from "./watch.js";
 export { Template } from "./templates.js";
 export type { BuildOpts, FromSandboxOpts, Recipe, TemplateBuildEvent, TemplateInfo } from "./templates.js";
+export { Pty, PtyHandle } from "./pty.js";
+export type { PtyCreateOpts } from "./pty.js";
 export { Network, SandboxNetwork } from "./network.js";
 export type {
   EgressDefault,

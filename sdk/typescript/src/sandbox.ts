@@ -5,6 +5,7 @@ import { Connection, type ConnectionOpts, type RequestOpts, msToSeconds } from "
 import { HearthError } from "./errors.js";
 import { Files } from "./files.js";
 import { type NetworkOpts, SandboxNetwork, policyBody } from "./network.js";
+import { Pty } from "./pty.js";
 import type { components } from "./generated/openapi.js";
 
 type Schemas = components["schemas"];
@@ -163,6 +164,8 @@ export class Sandbox {
   readonly files: Files;
   /** Egress policy, egress log and exposed ports. */
   readonly network: SandboxNetwork;
+  /** Interactive terminals. */
+  readonly pty: Pty;
   private readonly conn: Connection;
 
   private constructor(conn: Connection, id: string) {
@@ -171,6 +174,7 @@ export class Sandbox {
     this.commands = new Commands(conn, id);
     this.files = new Files(conn, id);
     this.network = new SandboxNetwork(conn, id);
+    this.pty = new Pty(conn, id);
   }
 
   /** Same as `id` (the name other sandbox SDKs use). */
