@@ -62,7 +62,8 @@ after(async () => {
 
 function run(script: string, env: NodeJS.ProcessEnv): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [script], { cwd: PACKAGE_DIR, env });
+    // The flag gives Node 20 its global WebSocket (sbx.pty); later versions have it anyway.
+    const child = spawn(process.execPath, ["--experimental-websocket", script], { cwd: PACKAGE_DIR, env });
     let out = "";
     let err = "";
     child.stdout.on("data", (d: Buffer) => (out += d.toString()));
