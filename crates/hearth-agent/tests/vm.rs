@@ -427,3 +427,95 @@ async fn forks_get_fresh_clock_rng_and_identity() {
         vmm.stop(&f).await.expect("stop fork");
     }
 }
+
+/// A terminal in the guest: the agent as PID 1 opens a pseudo-terminal on the guest's devpts; `stty size`
+/// follows a resize, typed input is echoed, Ctrl-C (a byte) interrupts `sleep 100`, the exit code comes back,
+/// and dropping the session hangs its processes up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pty_in_a_real_guest() {
+    use bytes::Bytes;
+    use hearth_proto::client::{PtyEvent, PtyHandle};
+    use hearth_proto::msg::Command;
+
+    async fn until(h: &mut PtyHandle, seen: &mut String, want: &str) {
+        let fut = async {
+            while !seen.contains(want) {
+                match h.next_event().await {
+                    Some(PtyEvent::Output(d)) => seen.push_str(&String::from_utf8_lossy(&d)),
+                    other => panic!("waiting for {want:?}: {other:?}\n{seen}"),
+                }
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(60), fut).await.is_err() {
+            panic!("no {want:?} in time; output:\n{seen}");
+        }
+    }
+
+    let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/minimal.ext4"));
+    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let spec = test_spec(run.path(), disk, "sbx_00000000000000d1", "pty-test");
+    let vm = vmm.start(&spec).await.expect("start");
+    let _guard = Guard {
+        vmm: &vmm,
+        vm: vm.clone(),
+    };
+    let c = wait_agent(&vmm, &vm).await;
+
+    let req = |line: &str| hearth_proto::PtyRequest {
+        command: Command::Shell(line.into()),
+        env: Default::default(),
+        cwd: None,
+        rows: 24,
+        cols: 80,
+    };
+    let mut h = c.pty(req("exec /bin/sh -i")).await.expect("pty");
+    let input = h.input();
+    let mut seen = String::new();
+    let send = |s: &'static str| {
+        let input = input.clone();
+        async move { input.send(Bytes::from_static(s.as_bytes())).await.expect("input") }
+    };
+    send("stty size; tty\n").await;
+    until(&mut h, &mut seen, "24 80").await;
+    until(&mut h, &mut seen, "/dev/pts/").await;
+    input.resize(50, 132).expect("resize");
+    send("stty size\n").await;
+    until(&mut h, &mut seen, "50 132").await;
+    send("echo 'ab''cd'\n").await;
+    until(&mut h, &mut seen, "echo 'ab''cd'").await;
+    until(&mut h, &mut seen, "\nabcd").await;
+    send("sleep 100\n").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    send("\x03").await;
+    send("echo status=$?\n").await;
+    until(&mut h, &mut seen, "status=130").await;
+    assert!(t.elapsed() < Duration::from_secs(20), "sleep 100 not interrupted");
+    send("exit 9\n").await;
+    let exit = loop {
+        match tokio::time::timeout(Duration::from_secs(60), h.next_event())
+            .await
+            .expect("exit in time")
+        {
+            Some(PtyEvent::Output(_)) => {}
+            Some(PtyEvent::Exited { code, signal }) => break (code, signal),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(exit, (Some(9), None));
+
+    // Dropping a session hangs it up: its sleep is gone from the guest.
+    let mut h = c.pty(req("echo started; sleep 4321")).await.expect("pty");
+    let mut seen = String::new();
+    until(&mut h, &mut seen, "started").await;
+    assert!(out(&c, "ps").await.contains("sleep 4321"));
+    drop(h);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out(&c, "ps").await.contains("sleep 4321") {
+        assert!(Instant::now() < deadline, "the session outlived its stream");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    vmm.stop(&vm).await.expect("stop");
+}
