@@ -2,7 +2,7 @@
 //! agent's terminal in a QEMU guest (`minimal` template), driven through the daemon. Covers the three ways of
 //! presenting the key, terminal size and resize (`stty size`), echo of typed input, Ctrl-C interrupting
 //! `sleep 100`, the exit message and code, the hang-up when the client goes away, bad requests as HTTP
-//! errors, and the resume of a paused sandbox.
+//! errors, a session ended by a pause, and the resume of a paused sandbox.
 
 mod common;
 
@@ -201,7 +201,12 @@ async fn pty_over_websocket() {
     .await;
     assert!(gone, "the session outlived its socket");
 
-    // A paused sandbox is resumed by the terminal request.
+    // A terminal does not survive a pause: its socket is closed with 1011 and no exit message.
+    let mut ws = open(&d, &id, "cmd=echo+started;+sleep+4444", Auth::Header(&d.key))
+        .await
+        .expect("open");
+    let mut seen = String::new();
+    until(&mut ws, &mut seen, "started").await;
     let resp = d
         .req(Method::POST, &format!("/v1/sandboxes/{id}/pause"))
         .send()
@@ -213,6 +218,24 @@ async fn pty_over_websocket() {
         "{}",
         resp.text().await.unwrap_or_default()
     );
+    let end = tokio::time::timeout(T, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Binary(_) | Message::Ping(_))) => {}
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the socket ends when the sandbox pauses");
+    match end {
+        Some(Ok(Message::Close(Some(frame)))) => assert_eq!(u16::from(frame.code), 1011, "{frame:?}"),
+        // The connection may also just drop.
+        None | Some(Err(_)) => {}
+        other => panic!("unexpected end of a paused terminal: {other:?}"),
+    }
+
+    // A paused sandbox is resumed by the terminal request; the old session's processes are gone.
     let mut ws = open(&d, &id, "cmd=echo+awake;+exit+0", Auth::Header(&d.key))
         .await
         .expect("open after pause");
@@ -220,6 +243,11 @@ async fn pty_over_websocket() {
     let exit = exit_message(&mut ws, &mut seen).await;
     assert!(seen.contains("awake"), "{seen}");
     assert_eq!(exit["exit_code"], 0);
+    let gone = wait_until(Duration::from_secs(20), || async {
+        !d.sh(&id, "ps").await.stdout.contains("sleep 4444")
+    })
+    .await;
+    assert!(gone, "a session from before the pause still runs");
 
     d.destroy(&id).await;
 }

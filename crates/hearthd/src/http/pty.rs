@@ -36,6 +36,8 @@ pub const PROTOCOL: &str = "hearth.pty.v1";
 pub const KEY_PROTOCOL_PREFIX: &str = "hearth.key.";
 /// Largest WebSocket message accepted from the client.
 const MAX_MESSAGE: usize = 1024 * 1024;
+/// How often the server pings the client.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -114,7 +116,19 @@ async fn bridge(socket: WebSocket, mut handle: PtyHandle) {
     let (mut tx, mut rx) = socket.split();
     let input = handle.input();
     let to_client = async {
-        while let Some(ev) = handle.next_event().await {
+        // Pings keep idle sessions alive through proxies and notice clients that vanished without a close.
+        let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
+        loop {
+            let ev = tokio::select! {
+                ev = handle.next_event() => ev,
+                _ = ping.tick() => {
+                    if tx.send(Message::Ping(Default::default())).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some(ev) = ev else { return };
             match ev {
                 PtyEvent::Output(data) => {
                     if tx.send(Message::Binary(data)).await.is_err() {
