@@ -2,8 +2,9 @@
 
 use std::collections::BTreeMap;
 
+use hearth_proto::ErrorKind;
 use hearth_proto::PtyRequest;
-use hearth_proto::client::PtyHandle;
+use hearth_proto::client::{ClientError, PtyHandle};
 use hearth_proto::msg::{Command, MAX_PTY_DIM, valid_pty_size};
 
 use super::exec::validate_path;
@@ -13,6 +14,9 @@ use crate::metrics;
 
 /// The shell started when no command is given: bash as a login shell where the guest has it, else sh.
 pub const DEFAULT_SHELL: &str = "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh; fi";
+
+/// The agent's answer to a request type it does not know.
+const UNKNOWN_REQUEST: &str = "unknown or malformed request";
 
 /// What to start on the terminal.
 #[derive(Debug, Clone, Default)]
@@ -60,7 +64,17 @@ impl Sandboxes {
                 rows: opts.rows,
                 cols: opts.cols,
             })
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // What an agent that predates terminals answers (a sandbox from an old snapshot or template).
+                ClientError::Guest {
+                    kind: ErrorKind::InvalidRequest,
+                    message,
+                } if message == UNKNOWN_REQUEST => ServiceError::Conflict(format!(
+                    "the agent in sandbox {id} is too old for terminals (its template or snapshot predates them)"
+                )),
+                other => other.into(),
+            })?;
         metrics::command_run("pty");
         Ok(handle)
     }
