@@ -144,6 +144,12 @@ fn private_dir(path: &Path) -> anyhow::Result<()> {
 
 /// Runs the daemon until SIGTERM or SIGINT. VMs are left running for the next start to adopt.
 pub async fn serve(args: Args) -> anyhow::Result<()> {
+    // Absolute paths: the VMMs run in other working directories (QEMU chroots), and the paths are stored.
+    let mut args = args;
+    args.data_dir = std::path::absolute(&args.data_dir).context("resolving --data-dir")?;
+    if let Some(p) = &args.images_dir {
+        args.images_dir = Some(std::path::absolute(p).context("resolving --images-dir")?);
+    }
     let paths = Paths::new(args.data_dir.clone(), args.images_dir.clone());
     private_dir(&paths.data_dir)?;
     private_dir(&paths.sandboxes_dir())?;
