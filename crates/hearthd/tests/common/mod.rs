@@ -5,30 +5,26 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use hearth_api::{CommandResult, Sandbox};
+use hearth_testkit::{Hearthd, Network, Options, Stop};
+// Not every test binary uses each of these.
+#[allow(unused_imports)]
+pub use hearth_testkit::{images_dir, pids_mentioning};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 /// Serialises the VM tests of one test binary: TCG guests on two cores boot much faster one group at a time.
 pub static VM_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-pub fn images_dir() -> PathBuf {
-    std::env::var_os("HEARTH_IMAGES").map_or_else(|| PathBuf::from("/var/lib/hearth/images"), PathBuf::from)
-}
-
 pub fn template_built(name: &str) -> bool {
     images_dir().join("rootfs").join(format!("{name}.ext4")).is_file()
 }
 
 pub struct Daemon {
-    pub dir: tempfile::TempDir,
-    child: Option<Child>,
-    /// Extra flags (kept for restarts).
-    extra: Vec<String>,
+    hearthd: Hearthd,
     pub addr: String,
     pub key: String,
     pub http: reqwest::Client,
@@ -40,115 +36,57 @@ impl Daemon {
         Self::start_with(&["--network", "off"]).await
     }
 
-    /// A daemon with extra flags.
+    /// A daemon with extra flags (kept for restarts). Its data directory is a short temporary directory (Unix
+    /// socket paths under it stay short); on drop it is killed with every VMM process whose files live there.
     pub async fn start_with(extra: &[&str]) -> Daemon {
-        let dir = tempfile::Builder::new().prefix("hd").tempdir().expect("tempdir");
-        let mut d = Daemon {
-            dir,
-            child: None,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            addr: String::new(),
-            key: String::new(),
+        let opts = Options::new()
+            .bin(env!("CARGO_BIN_EXE_hearthd"))
+            .network(Network::Unset)
+            .args(["--vmm", "qemu"])
+            .args(extra)
+            .tempdir_prefix("hd")
+            .data_in_tempdir_root()
+            .stop_on_drop(Stop::Kill)
+            .kill_leftover_vmms(true)
+            .log_on_panic(false);
+        let hearthd = Hearthd::start_async(opts).await;
+        Daemon {
+            addr: hearthd.addr().to_owned(),
+            key: hearthd.key().to_owned(),
+            hearthd,
             http: reqwest::Client::new(),
-        };
-        d.spawn().await;
-        d
+        }
     }
 
     pub fn data_dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("hearthd.log")
-    }
-
-    async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_hearthd"))
-            .arg("--data-dir")
-            .arg(self.dir.path())
-            .arg("--images-dir")
-            .arg(images_dir())
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--vmm",
-                "qemu",
-                "--default-template",
-                "minimal",
-            ])
-            .args(&self.extra)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn hearthd");
-        self.child = Some(child);
-        let addr_file = self.dir.path().join("listen-addr");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(a) = std::fs::read_to_string(&addr_file)
-                && a.ends_with('\n')
-            {
-                self.addr = a.trim().to_string();
-                break;
-            }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("hearthd exited with {status}: {}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "hearthd did not listen: {}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.key = std::fs::read_to_string(self.dir.path().join("api-key"))
-            .expect("api-key")
-            .trim()
-            .to_string();
+        self.hearthd.data_dir()
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.hearthd.pid()
     }
 
     /// The daemon's exit status once it has exited.
     pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.hearthd.try_wait()
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        self.hearthd.log()
     }
 
     /// `kill -9` the daemon (VMs keep running) and start it again on the same data directory.
     pub async fn kill9_and_restart(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        std::fs::remove_file(self.dir.path().join("listen-addr")).ok();
-        self.spawn().await;
+        self.hearthd.kill9_and_restart_async().await;
+        self.addr = self.hearthd.addr().to_owned();
+        self.key = self.hearthd.key().to_owned();
     }
 
     /// SIGTERM the daemon (graceful: VMs keep running), wait for it to exit, start it again on the same dir.
     pub async fn term_and_restart(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) has no memory-safety preconditions; the pid is our child.
-            unsafe {
-                libc::kill(c.id() as i32, libc::SIGTERM);
-            }
-            let status = c.wait().expect("wait");
-            assert!(status.success(), "hearthd exited with {status} on SIGTERM");
-        }
-        std::fs::remove_file(self.dir.path().join("listen-addr")).ok();
-        self.spawn().await;
+        self.hearthd.term_and_restart_async().await;
+        self.addr = self.hearthd.addr().to_owned();
+        self.key = self.hearthd.key().to_owned();
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -333,7 +271,7 @@ impl Daemon {
     }
 
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
-        self.dir.path().join("sandboxes").join(id)
+        self.data_dir().join("sandboxes").join(id)
     }
 }
 
@@ -344,46 +282,6 @@ pub struct SseOutcome {
     pub stderr: Vec<u8>,
     pub events: Vec<String>,
     pub end: Option<Value>,
-}
-
-/// Pids of live (non-zombie) processes whose command line contains `needle`.
-pub fn pids_mentioning(needle: &Path) -> Vec<u32> {
-    let needle = needle.as_os_str().as_encoded_bytes().to_vec();
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rfind(')').and_then(|i| s.get(i + 2..i + 3)).map(|st| st == "Z"))
-            .unwrap_or(true);
-        if !zombie && cmd.windows(needle.len()).any(|w| w == needle.as_slice()) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for pid in pids_mentioning(self.dir.path()) {
-            // SAFETY: kill(2) has no memory-safety preconditions; the pid runs from this test's directory.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGKILL);
-            }
-        }
-    }
 }
 
 /// Polls `f` until it returns true or `timeout` passes.
