@@ -28,7 +28,7 @@
 //! - [`proxy`]: the transparent TCP egress proxy (TLS SNI / HTTP Host).
 //! - [`audit`]: the bounded per-sandbox egress log and its counters.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub mod audit;
 pub mod ctx;
@@ -46,6 +46,13 @@ pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 2);
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
 /// Prefix length of the guest link.
 pub const GUEST_PREFIX: u8 = 30;
+/// The guest's own IPv6 address (same in every sandbox; a ULA, `fd68:6872:7468::/64`, "hrth" in hex), used
+/// when the plane has a sandbox IPv6 range ([`plane::PlaneConfig::sandbox_net6`]).
+pub const GUEST_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6872, 0x7468, 0, 0, 0, 0, 2);
+/// The guest's IPv6 gateway: `tap0`'s IPv6 address in the sandbox namespace.
+pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfd68, 0x6872, 0x7468, 0, 0, 0, 0, 1);
+/// Prefix length of the guest link's IPv6 subnet.
+pub const GUEST_PREFIX6: u8 = 64;
 /// MAC of `tap0` (fixed so a restored guest's ARP cache stays right).
 pub const GATEWAY_MAC: &str = "02:68:72:74:68:01";
 /// MAC of the guest's NIC.

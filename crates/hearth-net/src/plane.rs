@@ -6,10 +6,19 @@
 //! concerned), so each call here blocks for a few milliseconds: call from `spawn_blocking` in async code.
 //!
 //! # IPv6
-//! Sandboxes have no IPv6 path: IPv6 is disabled in the sandbox namespace and on its uplink link, and the
-//! sandbox table drops every IPv6 packet from the guest. A guest's IPv6 attempt is therefore always denied,
-//! whatever the policy says (the CIDR rules still carry IPv6 ranges, so the rules stay right if a path is ever
-//! added).
+//! Without a sandbox IPv6 range ([`PlaneConfig::sandbox_net6`] `None`, the default) sandboxes have no IPv6
+//! path: IPv6 is disabled in the sandbox namespace and on its uplink link, and the sandbox table drops every
+//! IPv6 packet from the guest, so a guest's IPv6 attempt is always denied whatever the policy says.
+//!
+//! With a range (a /64 or larger), IPv6 mirrors IPv4: the guest is [`GUEST_ADDR6`]/64 behind [`GATEWAY6`] on
+//! `tap0` (same in every sandbox); `up0` carries the sandbox's own IPv6 address, the range's prefix with the
+//! sandbox's IPv4 address in the low 32 bits ([`ruleset::address6`]), to which the guest's IPv6 traffic is
+//! SNATed; the hub (the mapping of the IPv4 hub address) routes it and masquerades it towards the uplink. The
+//! egress chain judges IPv6 like IPv4 (always-denied ranges, the range itself and the uplink's own addresses,
+//! deny and allow CIDRs, the default). Neighbour discovery is accepted on `tap0`, `up0` and the hub links;
+//! addresses are added without duplicate address detection, router advertisements are not accepted. IPv6
+//! forwarding is turned on in the uplink namespace, which makes a host uplink stop accepting router
+//! advertisements unless its interfaces have `accept_ra=2`.
 //!
 //! # Ownership
 //! Namespaces are named `hearth-<id>` in `/run/netns`, which every process on the machine shares; the uplink
@@ -25,15 +34,18 @@ mod sweep;
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::ruleset::{self, UPLINK_IF};
-use crate::{GATEWAY, GATEWAY_MAC, GUEST_ADDR, GUEST_MAC, GUEST_PREFIX, TAP_NAME, netns_name, netns_path};
+use crate::{
+    GATEWAY, GATEWAY_MAC, GATEWAY6, GUEST_ADDR, GUEST_ADDR6, GUEST_MAC, GUEST_PREFIX, GUEST_PREFIX6,
+    TAP_NAME, netns_name, netns_path,
+};
 use cmd::{IP, ip_batch, ip_json, is_missing, nft, run, sysctls};
 
 /// Name of the guest's interface in a [`GuestLink::Veth`] guest namespace.
@@ -50,6 +62,8 @@ pub enum NetError {
     InvalidAddress { address: Ipv4Addr, net: Ipv4Net },
     #[error("sandbox range {0} is too small (at most /30)")]
     InvalidRange(Ipv4Net),
+    #[error("sandbox IPv6 range {0} is too small (at most /64)")]
+    InvalidRange6(Ipv6Net),
     #[error("sandbox {0} already has a network namespace")]
     Exists(String),
     #[error("uplink link {link} of sandbox {id} is taken by another sandbox")]
@@ -73,6 +87,9 @@ pub struct PlaneConfig {
     pub uplink_netns: PathBuf,
     /// The range sandbox addresses come from; its first host is the hub address on every uplink link.
     pub sandbox_net: Ipv4Net,
+    /// The IPv6 range sandboxes' IPv6 addresses come from (a /64 or larger): `None` gives sandboxes no IPv6
+    /// path (every IPv6 packet from a guest is dropped). See the module doc.
+    pub sandbox_net6: Option<Ipv6Net>,
 }
 
 impl Default for PlaneConfig {
@@ -80,6 +97,7 @@ impl Default for PlaneConfig {
         PlaneConfig {
             uplink_netns: crate::netns::host_netns().to_path_buf(),
             sandbox_net: Ipv4Net::new(Ipv4Addr::new(10, 213, 0, 0), 16).unwrap_or_default(),
+            sandbox_net6: None,
         }
     }
 }
@@ -133,6 +151,12 @@ impl Plane {
         if net.prefix_len() > 30 {
             return Err(NetError::InvalidRange(net));
         }
+        let net6 = cfg.sandbox_net6.map(|n| n.trunc());
+        if let Some(n6) = net6
+            && n6.prefix_len() > 64
+        {
+            return Err(NetError::InvalidRange6(n6));
+        }
         let meta = std::fs::metadata(&cfg.uplink_netns).map_err(|source| NetError::Io {
             context: format!("uplink namespace {}", cfg.uplink_netns.display()),
             source,
@@ -144,6 +168,7 @@ impl Plane {
         let cfg = PlaneConfig {
             uplink_netns: cfg.uplink_netns,
             sandbox_net: net,
+            sandbox_net6: net6,
         };
         let plane = Plane {
             hub: ruleset::hub_address(net),
@@ -151,7 +176,13 @@ impl Plane {
             cfg,
         };
         sysctls(&plane.cfg.uplink_netns, &[("ipv4/ip_forward", "1", false)])?;
-        nft(Some(&plane.cfg.uplink_netns), &ruleset::hub_table(net))?;
+        if net6.is_some() {
+            sysctls(
+                &plane.cfg.uplink_netns,
+                &[("ipv6/conf/all/forwarding", "1", false)],
+            )?;
+        }
+        nft(Some(&plane.cfg.uplink_netns), &ruleset::hub_table(net, net6))?;
         Ok(plane)
     }
 
@@ -162,6 +193,16 @@ impl Plane {
     /// The hub address (first host of the sandbox range), the sandboxes' next hop.
     pub fn hub_address(&self) -> Ipv4Addr {
         self.hub
+    }
+
+    /// The hub's IPv6 address (the IPv4 hub address mapped into the IPv6 range), when there is a range.
+    pub fn hub_address6(&self) -> Option<Ipv6Addr> {
+        self.cfg.sandbox_net6.map(|n| ruleset::address6(n, self.hub))
+    }
+
+    /// The IPv6 address of the sandbox whose IPv4 address is `address`, when there is a range.
+    pub fn sandbox_address6(&self, address: Ipv4Addr) -> Option<Ipv6Addr> {
+        self.cfg.sandbox_net6.map(|n| ruleset::address6(n, address))
     }
 
     /// The tag this plane stamps on what it creates (interface alias).
@@ -218,15 +259,35 @@ impl Plane {
         let hub = self.hub;
         let addr = sb.address;
 
-        // Defaults first, so the links created below inherit "no IPv6".
-        sysctls(
-            &ns,
-            &[
-                ("ipv6/conf/all/disable_ipv6", "1", true),
-                ("ipv6/conf/default/disable_ipv6", "1", true),
-                ("ipv4/ip_forward", "1", false),
-            ],
-        )?;
+        let v6 = self.hub_address6().zip(self.sandbox_address6(addr));
+        // Defaults first, so the links created below inherit them: no IPv6 at all, or IPv6 forwarding
+        // without duplicate address detection, autoconfiguration or router advertisements.
+        if v6.is_some() {
+            sysctls(
+                &ns,
+                &[
+                    ("ipv6/conf/all/disable_ipv6", "0", false),
+                    ("ipv6/conf/default/disable_ipv6", "0", false),
+                    ("ipv6/conf/all/accept_dad", "0", false),
+                    ("ipv6/conf/default/accept_dad", "0", false),
+                    ("ipv6/conf/all/accept_ra", "0", false),
+                    ("ipv6/conf/default/accept_ra", "0", false),
+                    ("ipv6/conf/all/autoconf", "0", false),
+                    ("ipv6/conf/default/autoconf", "0", false),
+                    ("ipv6/conf/all/forwarding", "1", false),
+                    ("ipv4/ip_forward", "1", false),
+                ],
+            )?;
+        } else {
+            sysctls(
+                &ns,
+                &[
+                    ("ipv6/conf/all/disable_ipv6", "1", true),
+                    ("ipv6/conf/default/disable_ipv6", "1", true),
+                    ("ipv4/ip_forward", "1", false),
+                ],
+            )?;
+        }
 
         // The uplink pair: `up0` is created straight into the sandbox namespace.
         ip_batch(
@@ -236,16 +297,30 @@ impl Plane {
                 self.tag
             ),
         )?;
-        sysctls(
-            &self.cfg.uplink_netns,
-            &[(&format!("ipv6/conf/{hrth}/disable_ipv6"), "1", true)],
-        )?;
-        ip_batch(
-            uplink,
-            &format!(
-                "link set {hrth} up\naddr add {hub}/32 dev {hrth}\nroute add {addr}/32 dev {hrth} scope link\n"
-            ),
-        )?;
+        let mut hub_script = format!(
+            "link set {hrth} up\naddr add {hub}/32 dev {hrth}\nroute add {addr}/32 dev {hrth} scope link\n"
+        );
+        match v6 {
+            None => sysctls(
+                &self.cfg.uplink_netns,
+                &[(&format!("ipv6/conf/{hrth}/disable_ipv6"), "1", true)],
+            )?,
+            Some((hub6, addr6)) => {
+                sysctls(
+                    &self.cfg.uplink_netns,
+                    &[
+                        (&format!("ipv6/conf/{hrth}/disable_ipv6"), "0", false),
+                        (&format!("ipv6/conf/{hrth}/accept_dad"), "0", false),
+                        (&format!("ipv6/conf/{hrth}/accept_ra"), "0", false),
+                        (&format!("ipv6/conf/{hrth}/autoconf"), "0", false),
+                    ],
+                )?;
+                hub_script.push_str(&format!(
+                    "addr add {hub6}/128 dev {hrth} nodad\nroute add {addr6}/128 dev {hrth}\n"
+                ));
+            }
+        }
+        ip_batch(uplink, &hub_script)?;
 
         // The guest link.
         let mut script = String::from("link set lo up\n");
@@ -269,6 +344,14 @@ impl Plane {
              route add {hub}/32 dev {UPLINK_IF} scope link\n\
              route add default via {hub} dev {UPLINK_IF} onlink\n"
         ));
+        if let Some((hub6, addr6)) = v6 {
+            script.push_str(&format!(
+                "addr add {GATEWAY6}/{GUEST_PREFIX6} dev {TAP_NAME} nodad\n\
+                 addr add {addr6}/128 dev {UPLINK_IF} nodad\n\
+                 route add {hub6}/128 dev {UPLINK_IF}\n\
+                 route add default via {hub6} dev {UPLINK_IF}\n"
+            ));
+        }
         ip_batch(Some(&ns), &script)?;
 
         if let GuestLink::Veth { guest_netns } = &sb.guest_link {
@@ -281,6 +364,22 @@ impl Plane {
                      route add default via {GATEWAY} dev {VETH_GUEST_IF}\n"
                 ),
             )?;
+            if v6.is_some() {
+                sysctls(
+                    guest_netns,
+                    &[
+                        (&format!("ipv6/conf/{VETH_GUEST_IF}/disable_ipv6"), "0", false),
+                        (&format!("ipv6/conf/{VETH_GUEST_IF}/accept_dad"), "0", false),
+                    ],
+                )?;
+                ip_batch(
+                    Some(guest_netns),
+                    &format!(
+                        "addr add {GUEST_ADDR6}/{GUEST_PREFIX6} dev {VETH_GUEST_IF} nodad\n\
+                         route add default via {GATEWAY6} dev {VETH_GUEST_IF}\n"
+                    ),
+                )?;
+            }
         }
         Ok(())
     }
@@ -298,7 +397,7 @@ impl Plane {
         self.validate_address(sb.address)?;
         nft(
             Some(&netns_path(&sb.id)),
-            &ruleset::sandbox_table(sb, self.cfg.sandbox_net),
+            &ruleset::sandbox_table(sb, self.cfg.sandbox_net, self.cfg.sandbox_net6),
         )
     }
 

@@ -5,11 +5,14 @@
 //!
 //! # Sandbox table `inet hearth` (in the sandbox's namespace)
 //! - `raw` prerouting: from the guest link only [`GUEST_MAC`] with [`GUEST_ADDR`] passes; IPv6 from the guest is
-//!   dropped (the guest has no IPv6 path at all).
+//!   dropped when the plane has no IPv6 range, otherwise only [`GUEST_ADDR6`] (and link-local or unspecified
+//!   sources, which are never forwarded: neighbour discovery) passes.
 //! - nat: peers' connections to the sandbox address are DNATed to the guest; the guest's traffic leaving by
 //!   `up0` is SNATed to the sandbox address; with `proxy_tcp`, guest TCP to ports 80 and 443 (except to the
 //!   gateway and to peers) is DNATed to the egress proxy on [`GATEWAY`]:[`PROXY_PORT`].
-//! - input: from the guest only DNS (UDP/TCP 53) and the proxy port on the gateway; nothing new from `up0`.
+//!   IPv6 (with a range): the guest's traffic leaving by `up0` is SNATed to the sandbox's IPv6 address.
+//! - input: from the guest only DNS (UDP/TCP 53) and the proxy port on the gateway, and neighbour discovery
+//!   (hop limit 255) on `tap0` and `up0`; nothing new from `up0`.
 //! - forward: established traffic passes; a new guest connection goes through [`EGRESS_CHAIN`] whose rules
 //!   decide in this order: DNS/DoT to anyone (`dns_blocked`), peers (`private_peer`), always-denied ranges
 //!   (`always_denied`), deny CIDRs (`deny_rule`), allow CIDRs (`allow_rule`), the default (`default_allow` /
@@ -24,14 +27,16 @@
 //! - input/output: the uplink namespace itself neither accepts new connections from sandbox links nor opens
 //!   any towards them (the host's services are invisible, the host cannot reach a guest).
 //! - postrouting: traffic from the sandbox range leaving by any other interface is masqueraded.
+//! - IPv6: without a range every IPv6 packet from a sandbox link is dropped; with one, only sources from the
+//!   range pass and are masqueraded like IPv4, and neighbour discovery with the sandbox links is accepted.
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::plane::SandboxNet;
-use crate::{GATEWAY, GUEST_ADDR, GUEST_MAC, GUEST_PREFIX, PROXY_PORT, TAP_NAME};
+use crate::{GATEWAY, GUEST_ADDR, GUEST_ADDR6, GUEST_MAC, GUEST_PREFIX, PROXY_PORT, TAP_NAME};
 
 /// NFLOG group of the sandbox table's log rules. NFLOG groups are per network namespace, so every sandbox
 /// uses the same group in its own namespace.
@@ -51,10 +56,12 @@ pub const HUB_IF_PATTERN: &str = "hrth*";
 
 /// Spoofed packets are logged at most this often (per second) so a flooding guest cannot flood the log.
 const SPOOF_LOG_RATE: u32 = 10;
+/// Neighbour discovery messages (valid only with hop limit 255, i.e. from the link itself).
+const ND: &str = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255";
 
 /// The full text that replaces a sandbox's table: creates it if missing, deletes it, then adds the new one,
 /// all in one transaction (established connections keep their conntrack state and NAT bindings).
-pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net) -> String {
+pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net, sandbox_net6: Option<Ipv6Net>) -> String {
     let hub = hub_address(sandbox_net);
     // Only addresses of other sandboxes count as peers: a peer outside the sandbox range must never open a
     // hole into the always-denied ranges.
@@ -68,6 +75,8 @@ pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net) -> String {
     let mut denied: Vec<IpNet> = crate::always_denied();
     denied.extend(sb.extra_denied.iter().map(|a| IpNet::from(*a)));
     denied.push(IpNet::V4(sandbox_net));
+    denied.extend(sandbox_net6.map(IpNet::V6));
+    let addr6 = sandbox_net6.map(|n| address6(n, sb.address));
 
     let (denied4, denied6) = split(&denied);
     let (deny4, deny6) = split(&sb.deny);
@@ -98,7 +107,21 @@ pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net) -> String {
     let _ = writeln!(t, "\tchain antispoof {{");
     let _ = writeln!(t, "\t\ttype filter hook prerouting priority raw; policy accept;");
     let _ = writeln!(t, "\t\tiifname \"{tap}\" ether saddr != {GUEST_MAC} drop");
-    let _ = writeln!(t, "\t\tiifname \"{tap}\" meta nfproto ipv6 drop");
+    match addr6 {
+        None => {
+            let _ = writeln!(t, "\t\tiifname \"{tap}\" meta nfproto ipv6 drop");
+        }
+        Some(_) => {
+            let _ = writeln!(
+                t,
+                "\t\tiifname \"{tap}\" ip6 saddr != {{ {GUEST_ADDR6}, fe80::/10, :: }} limit rate {SPOOF_LOG_RATE}/second log group {g} prefix \"deny:spoofed\""
+            );
+            let _ = writeln!(
+                t,
+                "\t\tiifname \"{tap}\" ip6 saddr != {{ {GUEST_ADDR6}, fe80::/10, :: }} drop"
+            );
+        }
+    }
     let _ = writeln!(
         t,
         "\t\tiifname \"{tap}\" ip saddr != {GUEST_ADDR} limit rate {SPOOF_LOG_RATE}/second log group {g} prefix \"deny:spoofed\""
@@ -120,12 +143,18 @@ pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net) -> String {
     let _ = writeln!(t, "\tchain nat_post {{");
     let _ = writeln!(t, "\t\ttype nat hook postrouting priority srcnat; policy accept;");
     let _ = writeln!(t, "\t\toifname \"{up}\" ip saddr {GUEST_ADDR} snat ip to {addr}");
+    if let Some(a6) = addr6 {
+        let _ = writeln!(t, "\t\toifname \"{up}\" ip6 saddr {GUEST_ADDR6} snat ip6 to {a6}");
+    }
     let _ = writeln!(t, "\t}}");
 
     let _ = writeln!(t, "\tchain to_gateway {{");
     let _ = writeln!(t, "\t\ttype filter hook input priority filter; policy drop;");
     let _ = writeln!(t, "\t\tiifname \"lo\" accept");
     let _ = writeln!(t, "\t\tct state established,related accept");
+    if addr6.is_some() {
+        let _ = writeln!(t, "\t\tiifname {{ \"{tap}\", \"{up}\" }} {ND} accept");
+    }
     let _ = writeln!(t, "\t\tiifname \"{tap}\" ip daddr {GATEWAY} udp dport 53 accept");
     let _ = writeln!(
         t,
@@ -141,6 +170,9 @@ pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net) -> String {
         // Nothing but the guest itself may be forwarded from the guest link (the raw chain already dropped
         // other sources; this keeps the forward path correct on its own).
         let _ = writeln!(t, "\t\tiifname \"{tap}\" ip saddr != {net} drop");
+    }
+    if addr6.is_some() {
+        let _ = writeln!(t, "\t\tiifname \"{tap}\" ip6 saddr != {GUEST_ADDR6} drop");
     }
     let _ = writeln!(t, "\t\tiifname \"{tap}\" oifname \"{up}\" jump {EGRESS_CHAIN}");
     let _ = writeln!(t, "\t\tiifname \"{up}\" oifname \"{tap}\" ip saddr @peers accept");
@@ -181,15 +213,31 @@ pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net) -> String {
 /// The hub table, (re)built so that running it again changes nothing but the chains: the table and the set
 /// of peer pairs are only added if missing (a daemon restart keeps the pairs of running sandboxes), the
 /// chains are deleted and added anew.
-pub fn hub_table(sandbox_net: Ipv4Net) -> String {
+pub fn hub_table(sandbox_net: Ipv4Net, sandbox_net6: Option<Ipv6Net>) -> String {
     let hrth = HUB_IF_PATTERN;
+    let (v6_source, v6_nd, v6_masquerade) = match sandbox_net6 {
+        None => (format!("iifname \"{hrth}\" meta nfproto ipv6 drop"), None, None),
+        Some(n6) => (
+            format!("iifname \"{hrth}\" ip6 saddr != {n6} drop"),
+            Some(ND),
+            Some(format!("oifname != \"{hrth}\" ip6 saddr {n6} masquerade")),
+        ),
+    };
+    let nd_in: Vec<String> = v6_nd
+        .iter()
+        .map(|nd| format!("iifname \"{hrth}\" {nd} accept"))
+        .collect();
+    let nd_out: Vec<String> = v6_nd
+        .iter()
+        .map(|nd| format!("oifname \"{hrth}\" {nd} accept"))
+        .collect();
     let chains: [(&str, &str, Vec<String>); 4] = [
         (
             "forwarding",
             "type filter hook forward priority filter; policy accept;",
             vec![
                 format!("iifname \"{hrth}\" ip saddr != {sandbox_net} drop"),
-                format!("iifname \"{hrth}\" meta nfproto ipv6 drop"),
+                v6_source,
                 format!("iifname \"{hrth}\" oifname \"{hrth}\" ip saddr . ip daddr @{PEER_SET} accept"),
                 format!("iifname \"{hrth}\" oifname \"{hrth}\" drop"),
                 format!("oifname \"{hrth}\" ct state established,related accept"),
@@ -199,23 +247,33 @@ pub fn hub_table(sandbox_net: Ipv4Net) -> String {
         (
             "from_sandboxes",
             "type filter hook input priority filter; policy accept;",
-            vec![
-                format!("iifname \"{hrth}\" ct state established,related accept"),
-                format!("iifname \"{hrth}\" drop"),
-            ],
+            [
+                nd_in,
+                vec![
+                    format!("iifname \"{hrth}\" ct state established,related accept"),
+                    format!("iifname \"{hrth}\" drop"),
+                ],
+            ]
+            .concat(),
         ),
         (
             "to_sandboxes",
             "type filter hook output priority filter; policy accept;",
-            vec![
-                format!("oifname \"{hrth}\" ct state established,related accept"),
-                format!("oifname \"{hrth}\" drop"),
-            ],
+            [
+                nd_out,
+                vec![
+                    format!("oifname \"{hrth}\" ct state established,related accept"),
+                    format!("oifname \"{hrth}\" drop"),
+                ],
+            ]
+            .concat(),
         ),
         (
             "masquerade_out",
             "type nat hook postrouting priority srcnat; policy accept;",
-            vec![format!("oifname != \"{hrth}\" ip saddr {sandbox_net} masquerade")],
+            std::iter::once(format!("oifname != \"{hrth}\" ip saddr {sandbox_net} masquerade"))
+                .chain(v6_masquerade)
+                .collect(),
         ),
     ];
     let mut t = String::new();
@@ -272,6 +330,13 @@ pub fn remove_peer_pairs(pairs: &[(Ipv4Addr, Ipv4Addr)]) -> String {
         "delete element inet {HUB_TABLE} {PEER_SET} {{ {} }}\n",
         elems.join(", ")
     )
+}
+
+/// The IPv6 address of the sandbox (or hub) whose IPv4 address is `v4`: the range's prefix with `v4` in the
+/// low 32 bits (e.g. `2001:db8:5::/64` and `10.213.0.7` give `2001:db8:5::ad5:7`). The range is at most a /64
+/// ([`crate::plane::Plane::new`] checks), so distinct IPv4 addresses map to distinct IPv6 addresses.
+pub fn address6(sandbox_net6: Ipv6Net, v4: Ipv4Addr) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(sandbox_net6.network()) | u128::from(u32::from(v4)))
 }
 
 /// The hub's address: the first host of the sandbox range.
@@ -345,7 +410,7 @@ mod tests {
 
     #[test]
     fn sandbox_table_orders_decisions_and_keeps_foreign_peers_out() {
-        let t = sandbox_table(&sb(), "10.213.0.0/16".parse().unwrap());
+        let t = sandbox_table(&sb(), "10.213.0.0/16".parse().unwrap(), None);
         let pos = |needle: &str| {
             t.find(needle)
                 .unwrap_or_else(|| panic!("missing {needle:?} in\n{t}"))
@@ -372,9 +437,48 @@ mod tests {
         let mut s = sb();
         s.proxy_tcp = false;
         s.default_allow = true;
-        let t = sandbox_table(&s, "10.213.0.0/16".parse().unwrap());
+        let t = sandbox_table(&s, "10.213.0.0/16".parse().unwrap(), None);
         assert!(!t.contains("dnat ip to 172.16.0.1:15001"));
         assert!(t.contains("allow:default_allow\" accept"));
+    }
+
+    #[test]
+    fn ipv6_is_dropped_without_a_range_and_judged_like_ipv4_with_one() {
+        let net: Ipv4Net = "10.213.0.0/16".parse().unwrap();
+        let t = sandbox_table(&sb(), net, None);
+        assert!(t.contains("iifname \"tap0\" meta nfproto ipv6 drop"), "{t}");
+        assert!(!t.contains("snat ip6"));
+        let h = hub_table(net, None);
+        assert!(h.contains("iifname \"hrth*\" meta nfproto ipv6 drop"), "{h}");
+        assert!(!h.contains("ip6 saddr"));
+
+        let net6: Ipv6Net = "2001:db8:5::/64".parse().unwrap();
+        let t = sandbox_table(&sb(), net, Some(net6));
+        assert!(!t.contains("meta nfproto ipv6 drop"), "{t}");
+        assert!(t.contains("snat ip6 to 2001:db8:5::ad5:7"), "{t}");
+        assert!(
+            t.contains("ip6 saddr != { fd68:6872:7468::2, fe80::/10, :: } drop"),
+            "{t}"
+        );
+        assert!(t.contains("ip6 saddr != fd68:6872:7468::2 drop"), "{t}");
+        assert!(t.contains("nd-neighbor-solicit"));
+        // The sandbox IPv6 range is always denied, like the IPv4 one.
+        assert!(t.contains("2001:db8:5::/64"), "{t}");
+        let h = hub_table(net, Some(net6));
+        assert!(
+            h.contains("iifname \"hrth*\" ip6 saddr != 2001:db8:5::/64 drop"),
+            "{h}"
+        );
+        assert!(
+            h.contains("oifname != \"hrth*\" ip6 saddr 2001:db8:5::/64 masquerade"),
+            "{h}"
+        );
+        assert!(h.contains("iifname \"hrth*\" icmpv6 type"), "{h}");
+        assert!(h.contains("oifname \"hrth*\" icmpv6 type"), "{h}");
+        assert_eq!(
+            address6("2001:db8:5::/64".parse().unwrap(), Ipv4Addr::new(10, 213, 0, 1)).to_string(),
+            "2001:db8:5::ad5:1"
+        );
     }
 
     #[test]

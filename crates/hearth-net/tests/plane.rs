@@ -567,3 +567,173 @@ fn sweep_removes_sandboxes_whose_uplink_is_gone() {
     let _srv = other.tcp_server(8080);
     must_tcp(&mine.guest.path, sa(HOST_A, 8080));
 }
+
+/// tap0's link-local address, with the guest's interface as scope, port 8080.
+fn tap_link_local(sb: &Sandbox) -> SocketAddr {
+    let ns = hearth_net::netns_name(&sb.net.id);
+    let addrs = output(
+        "ip",
+        &[
+            "-n", &ns, "-6", "-o", "addr", "show", "dev", "tap0", "scope", "link",
+        ],
+    );
+    let ll: std::net::Ipv6Addr = addrs
+        .split_whitespace()
+        .skip_while(|w| *w != "inet6")
+        .nth(1)
+        .and_then(|a| a.split('/').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no link-local address on tap0: {addrs:?}"));
+    let link = output("ip", &["-n", &sb.guest.name, "-o", "link", "show", "eth0"]);
+    let scope: u32 = link.split(':').next().unwrap().trim().parse().unwrap();
+    SocketAddr::V6(std::net::SocketAddrV6::new(ll, 8080, 0, scope))
+}
+
+#[test]
+fn ipv6_default_allow_reaches_test_hosts_over_tcp_and_udp_and_nothing_gets_in() {
+    let net = FakeNet::new6(26);
+    let (tcp_srv, udp_srv) = servers6(&net.inet.path, 8080);
+    let _v4 = net.tcp_server(8080);
+    let sb = net.with(2, |_| {});
+    let g = &sb.guest.path;
+    // Masqueraded at the hub: the host sees the uplink's IPv6 address.
+    assert_eq!(must_tcp(g, sa6(HOST_A6, 8080)), format!("peer={UPLINK_ADDR6}"));
+    assert_eq!(must_udp(g, sa6(HOST_A6, 8080)), format!("peer={UPLINK_ADDR6}"));
+    assert_eq!(must_tcp(g, sa6(HOST_B6, 8080)), format!("peer={UPLINK_ADDR6}"));
+    assert_eq!(tcp_srv.seen_to(HOST_A6.into()).len(), 1);
+    assert_eq!(udp_srv.seen_to(HOST_A6.into()).len(), 1);
+    // IPv4 still works alongside.
+    assert_eq!(must_tcp(g, sa(HOST_A, 8080)), format!("peer={UPLINK_ADDR}"));
+
+    // The sandbox's IPv6 address is the range's prefix with its IPv4 address in the low bits, and nothing
+    // from the uplink or the internet opens a connection to it.
+    let addr6 = net.plane.sandbox_address6(sb.net.address).unwrap();
+    assert_eq!(addr6.to_string(), "2001:db8:ff00:26::ad5:1a02");
+    let guest_srv = tcp_server(&sb.guest.path, sa6(std::net::Ipv6Addr::UNSPECIFIED, 9000));
+    must_not_tcp(&net.up.path, sa6(addr6, 9000));
+    must_not_tcp(&net.inet.path, sa6(addr6, 9000));
+    must_not_tcp(&net.inet.path, sa6(hearth_net::GUEST_ADDR6, 9000));
+    assert_eq!(guest_srv.count(), 0);
+}
+
+#[test]
+fn ipv6_default_deny_with_a_v6_cidr_allowed_reaches_only_that() {
+    let net = FakeNet::new6(27);
+    let (_tcp, udp_srv) = servers6(&net.inet.path, 8080);
+    let _v4 = net.tcp_server(8080);
+    let mut sb = net.with(2, |s| {
+        s.default_allow = false;
+        s.allow = vec!["2001:db8:1::/48".parse().unwrap()];
+    });
+    let g = sb.guest.path.clone();
+    must_tcp(&g, sa6(HOST_A6, 8080));
+    must_udp(&g, sa6(HOST_A6, 8080));
+    must_not_tcp(&g, sa6(HOST_B6, 8080));
+    must_not_udp(&g, sa6(HOST_B6, 8080));
+    must_not_tcp(&g, sa(HOST_A, 8080));
+    assert!(
+        udp_srv.seen_to(HOST_B6.into()).is_empty(),
+        "a denied datagram reached the host"
+    );
+    // A deny CIDR wins over the allow, at once.
+    sb.net.deny = vec![IpAddr::V6(HOST_A6).into()];
+    net.plane.apply_rules(&sb.net).unwrap();
+    must_not_tcp(&g, sa6(HOST_A6, 8080));
+}
+
+#[test]
+fn ipv6_always_denied_destinations_are_unreachable_whatever_the_policy() {
+    let net = FakeNet::new6(28);
+    let (tcp_srv, udp_srv) = servers6(&net.inet.path, 8080);
+    let uplink_srv = tcp_server(&net.up.path, sa6(std::net::Ipv6Addr::UNSPECIFIED, 8080));
+    let uplink_addrs = net.plane.uplink_addresses().unwrap();
+    assert!(
+        uplink_addrs.contains(&IpAddr::V6(UPLINK_ADDR6)),
+        "{uplink_addrs:?}"
+    );
+    let sb = net.with(2, |s| {
+        s.default_allow = true;
+        s.allow = vec!["::/0".parse().unwrap()];
+        s.extra_denied = uplink_addrs.clone();
+    });
+    let other = net.with(3, |_| {});
+    let other_srv = tcp_server(&other.guest.path, sa6(std::net::Ipv6Addr::UNSPECIFIED, 8080));
+    // Something listens in the sandbox namespace too (the gateway's addresses).
+    let gw_srv = tcp_server(&sb.ns(), sa6(std::net::Ipv6Addr::UNSPECIFIED, 8080));
+    let g = &sb.guest.path;
+    must_tcp(g, sa6(HOST_A6, 8080)); // the path works
+    let denied = [
+        sa6(ULA6, 8080),
+        sa6(METADATA6, 8080),
+        sa6(UPLINK_ADDR6, 8080),
+        sa6(net.plane.hub_address6().unwrap(), 8080),
+        sa6(net.plane.sandbox_address6(other.net.address).unwrap(), 8080),
+        sa6(hearth_net::GATEWAY6, 8080),
+        tap_link_local(&sb),
+    ];
+    must_not_tcp_any(g, &denied);
+    must_not_udp(g, sa6(ULA6, 8080));
+    must_not_udp(g, sa6(METADATA6, 8080));
+    assert!(tcp_srv.seen_to(ULA6.into()).is_empty());
+    assert!(tcp_srv.seen_to(METADATA6.into()).is_empty());
+    assert!(udp_srv.seen_to(ULA6.into()).is_empty());
+    assert!(udp_srv.seen_to(METADATA6.into()).is_empty());
+    assert_eq!(
+        uplink_srv.count(),
+        0,
+        "the uplink namespace accepted a connection from the guest"
+    );
+    assert_eq!(other_srv.count(), 0, "another sandbox accepted a connection");
+    assert_eq!(
+        gw_srv.count(),
+        0,
+        "the sandbox namespace accepted a connection from the guest"
+    );
+}
+
+#[test]
+fn ipv6_spoofed_sources_from_the_guest_are_dropped() {
+    let net = FakeNet::new6(29);
+    let (_tcp, srv) = servers6(&net.inet.path, 7000);
+    let sb = net.with(2, |_| {});
+    let g = &sb.guest.path;
+    // A public address, another sandbox's IPv6 address (which the hub would pass and masquerade) and another
+    // address of the guest's own subnet.
+    let spoofs: [std::net::Ipv6Addr; 3] = [
+        "2001:db8:1::99".parse().unwrap(),
+        net.plane.sandbox_address6(net.addr(3)).unwrap(),
+        "fd68:6872:7468::3".parse().unwrap(),
+    ];
+    for (i, spoofed) in spoofs.into_iter().enumerate() {
+        ip(&[
+            "-n",
+            &sb.guest.name,
+            "addr",
+            "add",
+            &format!("{spoofed}/128"),
+            "dev",
+            "eth0",
+            "nodad",
+        ]);
+        let payload = format!("spoofed-ip6-{i}");
+        assert!(
+            udp(
+                g,
+                Some(spoofed.into()),
+                sa6(HOST_A6, 7000),
+                &payload,
+                DENY_TIMEOUT
+            )
+            .is_err()
+        );
+    }
+    let genuine = udp(
+        g,
+        Some(hearth_net::GUEST_ADDR6.into()),
+        sa6(HOST_A6, 7000),
+        "genuine",
+        ALLOW_TIMEOUT,
+    );
+    assert_eq!(genuine.unwrap(), format!("peer={UPLINK_ADDR6}"));
+    let payloads: Vec<String> = srv.seen.lock().unwrap().iter().map(|s| s.2.clone()).collect();
+    assert_eq!(payloads, vec!["genuine".to_owned()]);
+}

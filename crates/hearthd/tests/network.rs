@@ -431,6 +431,7 @@ async fn private_networks_ingress_exposed_ports_and_restart() {
     let plane = hearth_net::plane::Plane::new(hearth_net::plane::PlaneConfig {
         uplink_netns: fi.uplink().to_path_buf(),
         sandbox_net: "10.213.22.0/24".parse().unwrap(),
+        sandbox_net6: None,
     })
     .unwrap();
     plane

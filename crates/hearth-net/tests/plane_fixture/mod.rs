@@ -6,13 +6,16 @@
 //! ```
 //! The uplink namespace's only route leads to the "internet" namespace, which holds the test hosts
 //! ([`HOST_A`], [`HOST_B`], [`METADATA`], [`PRIVATE`]) on its `lo`; servers are std sockets bound there.
+//! The fake internet speaks IPv6 too (`2001:db8:2::1/64` on `inet0`, `2001:db8:2::2/64` on its peer, test hosts
+//! [`HOST_A6`], [`HOST_B6`], [`ULA6`] and [`METADATA6`] on its `lo`); a plane made by [`FakeNet::new6`] has a
+//! sandbox IPv6 range, one made by [`FakeNet::new`] has none.
 //! Every namespace and sandbox is removed by `Drop`, also when a test fails.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +31,13 @@ pub const HOST_A: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 pub const HOST_B: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
 pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 pub const PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+pub const UPLINK_ADDR6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1);
+pub const INET_ADDR6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 2);
+pub const HOST_A6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0x10);
+pub const HOST_B6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 3, 0, 0, 0, 0, 0x20);
+/// A unique local address (fc00::/7), routed like a public one on the fake internet.
+pub const ULA6: Ipv6Addr = Ipv6Addr::new(0xfd12, 0x3456, 0, 0, 0, 0, 0, 1);
+pub const METADATA6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
 /// How long a "must not connect" probe waits.
 pub const DENY_TIMEOUT: Duration = Duration::from_millis(1500);
 pub const ALLOW_TIMEOUT: Duration = Duration::from_secs(5);
@@ -124,6 +134,15 @@ pub struct FakeNet {
 impl FakeNet {
     /// `n` picks the sandbox range 10.213.n.0/24 (one per test, so tests can run in parallel).
     pub fn new(n: u8) -> FakeNet {
+        FakeNet::make(n, None)
+    }
+
+    /// Like [`FakeNet::new`], with the sandbox IPv6 range `2001:db8:ff00:<n>::/64`.
+    pub fn new6(n: u8) -> FakeNet {
+        FakeNet::make(n, Some(format!("2001:db8:ff00:{n}::/64").parse().unwrap()))
+    }
+
+    fn make(n: u8, sandbox_net6: Option<ipnet::Ipv6Net>) -> FakeNet {
         assert!(nix::unistd::geteuid().is_root(), "the data-plane tests need root");
         let up = Netns::new("hxt-up");
         let inet = Netns::new("hxt-inet");
@@ -135,12 +154,21 @@ impl FakeNet {
         ip_batch(
             &up.name,
             &format!(
-                "addr add {UPLINK_ADDR}/30 dev inet0\nlink set inet0 up\nroute add default via {INET_ADDR}\n"
+                "addr add {UPLINK_ADDR}/30 dev inet0\nlink set inet0 up\nroute add default via {INET_ADDR}\n\
+                 addr add {UPLINK_ADDR6}/64 dev inet0 nodad\nroute add ::/0 via {INET_ADDR6}\n"
             ),
         );
-        let mut inet_script = format!("addr add {INET_ADDR}/30 dev up0\nlink set up0 up\n");
+        let mut inet_script = format!(
+            "addr add {INET_ADDR}/30 dev up0\nlink set up0 up\naddr add {INET_ADDR6}/64 dev up0 nodad\n"
+        );
         for host in [HOST_A, HOST_B, METADATA, PRIVATE] {
             inet_script.push_str(&format!("addr add {host}/32 dev lo\n"));
+        }
+        for host in [HOST_A6, HOST_B6, ULA6, METADATA6] {
+            inet_script.push_str(&format!("addr add {host}/128 dev lo\n"));
+        }
+        if let Some(n6) = sandbox_net6 {
+            inet_script.push_str(&format!("route add {n6} via {UPLINK_ADDR6}\n"));
         }
         // So that an attempt from the internet towards a sandbox is routed to the uplink (and must be dropped).
         inet_script.push_str(&format!("route add {sandbox_net} via {UPLINK_ADDR}\n"));
@@ -148,6 +176,7 @@ impl FakeNet {
         let plane = Plane::new(PlaneConfig {
             uplink_netns: up.path.clone(),
             sandbox_net,
+            sandbox_net6,
         })
         .expect("plane");
         FakeNet {
@@ -305,6 +334,36 @@ pub fn udp_server_on(ns: &Path, addr: SocketAddr, server: &Server) {
     });
 }
 
+/// A TCP server in `ns` bound to `addr` (added to `server`) that answers like [`tcp_server`].
+pub fn tcp_server_on(ns: &Path, addr: SocketAddr, server: &Server) {
+    let listener = in_netns(ns, move || TcpListener::bind(addr)).expect("bind tcp server");
+    let seen = server.seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let (Ok(local), Ok(peer)) = (conn.local_addr(), conn.peer_addr()) else {
+                continue;
+            };
+            seen.lock().unwrap().push((local, peer, String::new()));
+            let _ = conn.write_all(format!("peer={}", peer.ip()).as_bytes());
+        }
+    });
+}
+
+/// TCP and UDP servers on `port` of each IPv6 test host of the internet namespace.
+pub fn servers6(inet: &Path, port: u16) -> (Server, Server) {
+    let (tcp, udp) = (Server::default(), Server::default());
+    for host in [HOST_A6, HOST_B6, ULA6, METADATA6] {
+        tcp_server_on(inet, sa6(host, port), &tcp);
+        udp_server_on(inet, sa6(host, port), &udp);
+    }
+    (tcp, udp)
+}
+
+pub fn sa6(ip: Ipv6Addr, port: u16) -> SocketAddr {
+    SocketAddr::from((ip, port))
+}
+
 /// Connects from `ns` and returns what the server said, or the error (timeout after `timeout`).
 pub fn tcp(ns: &Path, to: SocketAddr, timeout: Duration) -> std::io::Result<String> {
     in_netns(ns, move || {
@@ -326,7 +385,11 @@ pub fn udp(
 ) -> std::io::Result<String> {
     let payload = payload.to_owned();
     in_netns(ns, move || {
-        let bind = SocketAddr::new(from.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)), 0);
+        let any = match to {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        let bind = SocketAddr::new(from.unwrap_or(any), 0);
         let s = UdpSocket::bind(bind)?;
         s.set_read_timeout(Some(timeout))?;
         s.send_to(payload.as_bytes(), to)?;

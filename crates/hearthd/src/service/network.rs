@@ -84,6 +84,7 @@ impl Networking {
             Plane::new(PlaneConfig {
                 uplink_netns: settings.uplink_netns.clone(),
                 sandbox_net: settings.sandbox_net,
+                sandbox_net6: None,
             })
             .map_err(|e| format!("network data plane: {e}"))?,
         );
