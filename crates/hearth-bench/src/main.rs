@@ -19,6 +19,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use hearth_api::{CreateSandboxRequest, CreateTemplateRequest, RunCommandRequest, Sandbox};
 use hearth_client::Client;
+use hearth_vmm::qemu::KernelChoice;
 
 use crate::stats::{Row, Samples};
 
@@ -80,11 +81,47 @@ struct Args {
     /// Allow/deny cycles in the policy-change rows.
     #[arg(long, default_value_t = 5)]
     policy_cycles: usize,
+    /// Kernel images of the QEMU boot breakdown, comma-separated, each booted in turn every round: `bzimage`
+    /// (vmlinuz), `pvh` (vmlinux through its PVH entry), `auto` (what the daemon picks).
+    #[arg(long, default_value = "bzimage,pvh", value_delimiter = ',', value_parser = parse_kernel)]
+    boot_kernels: Vec<KernelChoice>,
+    /// Boots per kernel image in the boot breakdown.
+    #[arg(long, default_value_t = 1)]
+    boot_rounds: usize,
+    /// Only the driver-level boot breakdown (no daemon; QEMU with KVM when the host probe finds it usable, else
+    /// TCG).
+    #[arg(long, conflicts_with_all = ["only_net", "external"])]
+    only_boot: bool,
+}
+
+fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
+    KernelChoice::parse(s).ok_or_else(|| format!("{s:?}: expected bzimage, pvh or auto"))
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if args.only_boot {
+        let accel = if hearth_vmm::detect::probe().kvm.is_usable() {
+            hearth_vmm::Accel::Kvm
+        } else {
+            hearth_vmm::Accel::Tcg
+        };
+        let rows = boot::breakdown(
+            accel,
+            &args.template,
+            args.memory_mib,
+            &args.boot_kernels,
+            args.boot_rounds,
+        )
+        .await?;
+        println!(
+            "hearth-bench: vmm=qemu accel={accel:?} template={} memory={} MiB (boot breakdown only)\n",
+            args.template, args.memory_mib
+        );
+        println!("{}", stats::render(&rows));
+        return Ok(());
+    }
     // A private daemon's sandboxes reach only the bench's fake internet, or no network at all.
     let network_off = std::env::var("HEARTH_NETWORK").is_ok_and(|v| v == "off");
     if network_off && !args.no_net && !args.external {
@@ -139,7 +176,15 @@ async fn main() -> Result<()> {
         } else {
             hearth_vmm::Accel::Tcg
         };
-        match boot::breakdown(accel, &args.template, args.memory_mib).await {
+        match boot::breakdown(
+            accel,
+            &args.template,
+            args.memory_mib,
+            &args.boot_kernels,
+            args.boot_rounds,
+        )
+        .await
+        {
             Ok(mut more) => {
                 if let Ok(rows) = result.as_mut() {
                     rows.append(&mut more);

@@ -30,6 +30,9 @@
 //! QEMU exits first its stderr is the error), attaches the console reader, then sends `cont`, so no console
 //! output is lost.
 //!
+//! Kernel ([`KernelChoice`]): the uncompressed `vmlinux` through its PVH entry when it has one (no bzImage
+//! self-decompression, which is slow under TCG), else the bzImage `vmlinuz`.
+//!
 //! Network (`crate::tap`): with [`VmSpec::net`] the driver opens the sandbox's tap inside its network namespace
 //! and QEMU inherits the descriptor (`-netdev tap,fd=N` + `virtio-net-device`); the guest learns its address
 //! from `hearth.net=` on the kernel command line. Every launch (boot, resume, fork) attaches a fresh
@@ -112,6 +115,119 @@ pub struct QemuVmm {
     drop_privileges: bool,
     /// VMs (run directory, pid) whose console a pump thread copies.
     consoles: Arc<Mutex<HashSet<(PathBuf, u32)>>>,
+    /// Which of the two kernel images a VM boots.
+    kernel: KernelChoice,
+}
+
+/// Which kernel image QEMU is given (`-kernel`).
+///
+/// The uncompressed ELF (`vmlinux`) starts at its PVH entry point (the `XEN_ELFNOTE_PHYS32_ENTRY` note, present
+/// when the kernel is built with `CONFIG_PVH`): QEMU copies it into guest memory and jumps straight into the
+/// kernel. The bzImage (`vmlinuz`) first decompresses itself, which under TCG is a large part of a cold boot
+/// (docs/benchmarks.md). The choice does not change the machine QEMU builds (the kernel travels through fw_cfg,
+/// not a RAM block), so a snapshot taken after either boot restores under either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelChoice {
+    /// `vmlinux` when it exists and has a PVH entry note, else `vmlinuz`.
+    #[default]
+    Auto,
+    /// Always `vmlinuz`.
+    BzImage,
+    /// Always `vmlinux`; a start fails when it has no PVH entry note.
+    Pvh,
+}
+
+impl KernelChoice {
+    /// Parses `auto`, `bzimage` or `pvh`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(KernelChoice::Auto),
+            "bzimage" => Some(KernelChoice::BzImage),
+            "pvh" => Some(KernelChoice::Pvh),
+            _ => None,
+        }
+    }
+
+    /// The image of `images` to boot, or why there is none.
+    pub fn select<'a>(&self, images: &'a crate::BootImages) -> Result<&'a Path, String> {
+        match self {
+            KernelChoice::BzImage => Ok(&images.vmlinuz),
+            KernelChoice::Pvh => match has_pvh_entry(&images.vmlinux) {
+                Ok(true) => Ok(&images.vmlinux),
+                Ok(false) => Err(format!(
+                    "{} has no PVH entry note (kernel built without CONFIG_PVH?)",
+                    images.vmlinux.display()
+                )),
+                Err(e) => Err(format!("{}: {e}", images.vmlinux.display())),
+            },
+            KernelChoice::Auto => match has_pvh_entry(&images.vmlinux) {
+                Ok(true) => Ok(&images.vmlinux),
+                _ => Ok(&images.vmlinuz),
+            },
+        }
+    }
+}
+
+/// ELF note type of the 32-bit PVH entry point, in notes named "Xen" (Xen's public elfnote.h).
+const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
+/// Bound on the note segments read from a kernel (the Debian kernel's are under 1 KiB).
+const MAX_NOTES: u64 = 1 << 20;
+
+/// Whether `path` is a 64-bit little-endian ELF file with a PVH entry note, which is what QEMU needs to boot
+/// it with `-kernel` (it reads the same note). Only the ELF and program headers and the note segments are
+/// read.
+pub fn has_pvh_entry(path: &Path) -> std::io::Result<bool> {
+    let mut f = File::open(path)?;
+    let mut eh = [0u8; 64];
+    if f.read_exact(&mut eh).is_err() || eh[..4] != *b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+        return Ok(false);
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let phoff = u64_at(&eh, 0x20);
+    let phentsize = usize::from(u16_at(&eh, 0x36));
+    let phnum = usize::from(u16_at(&eh, 0x38));
+    if phentsize < 56 {
+        return Ok(false);
+    }
+    let mut ph = vec![0u8; phentsize * phnum];
+    f.seek(SeekFrom::Start(phoff))?;
+    if f.read_exact(&mut ph).is_err() {
+        return Ok(false);
+    }
+    for entry in ph.chunks_exact(phentsize) {
+        const PT_NOTE: u32 = 4;
+        if u32_at(entry, 0) != PT_NOTE {
+            continue;
+        }
+        let (offset, size) = (u64_at(entry, 8), u64_at(entry, 32));
+        if size > MAX_NOTES {
+            continue;
+        }
+        let mut notes = vec![0u8; usize::try_from(size).unwrap_or(0)];
+        f.seek(SeekFrom::Start(offset))?;
+        if f.read_exact(&mut notes).is_err() {
+            return Ok(false);
+        }
+        // Each note: namesz, descsz, type, then the name and the descriptor, each padded to 4 bytes.
+        let mut at = 0usize;
+        while at + 12 <= notes.len() {
+            let namesz = u32_at(&notes, at) as usize;
+            let descsz = u32_at(&notes, at + 4) as usize;
+            let kind = u32_at(&notes, at + 8);
+            let name_end = at + 12 + namesz;
+            let next = at + 12 + namesz.next_multiple_of(4) + descsz.next_multiple_of(4);
+            if name_end > notes.len() || next > notes.len() {
+                break;
+            }
+            if kind == XEN_ELFNOTE_PHYS32_ENTRY && notes[at + 12..name_end] == *b"Xen\0" {
+                return Ok(true);
+            }
+            at = next;
+        }
+    }
+    Ok(false)
 }
 
 impl QemuVmm {
@@ -125,6 +241,7 @@ impl QemuVmm {
             version,
             drop_privileges: nix::unistd::geteuid().is_root(),
             consoles: Arc::default(),
+            kernel: KernelChoice::Auto,
         }
     }
 
@@ -142,6 +259,12 @@ impl QemuVmm {
     /// Turns the privilege drop on or off (it needs root; on by default when root).
     pub fn with_drop_privileges(mut self, on: bool) -> Self {
         self.drop_privileges = on;
+        self
+    }
+
+    /// Chooses the kernel image VMs boot (default [`KernelChoice::Auto`]).
+    pub fn with_kernel(mut self, kernel: KernelChoice) -> Self {
+        self.kernel = kernel;
         self
     }
 
@@ -218,8 +341,9 @@ impl QemuVmm {
             spec.vcpus.to_string(),
             "-m".into(),
             spec.memory_mib.to_string(),
+            // A restore loads no kernel but QEMU still wants one; either image gives the same machine.
             "-kernel".into(),
-            path_str(&spec.images.vmlinuz).map_err(bad)?,
+            path_str(self.kernel.select(&spec.images).map_err(bad)?).map_err(bad)?,
             "-initrd".into(),
             path_str(&spec.images.initramfs).map_err(bad)?,
             "-append".into(),
@@ -747,5 +871,86 @@ mod tests {
             ..me.clone()
         };
         assert!(!QemuVmm::same_process(&reused));
+    }
+
+    /// A minimal ELF64 file with one PT_NOTE segment holding `notes` (name, type) entries.
+    fn elf_with_notes(notes: &[(&[u8], u32)]) -> Vec<u8> {
+        let mut seg = Vec::new();
+        for (name, kind) in notes {
+            seg.extend((name.len() as u32).to_le_bytes());
+            seg.extend(8u32.to_le_bytes());
+            seg.extend(kind.to_le_bytes());
+            seg.extend(*name);
+            seg.resize(seg.len().next_multiple_of(4), 0);
+            seg.extend(0x0100_0850u64.to_le_bytes());
+        }
+        let mut f = vec![0u8; 64];
+        f[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        f[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        f[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        f[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        let mut ph = vec![0u8; 56];
+        ph[..4].copy_from_slice(&4u32.to_le_bytes());
+        ph[8..16].copy_from_slice(&120u64.to_le_bytes());
+        ph[32..40].copy_from_slice(&(seg.len() as u64).to_le_bytes());
+        f.extend(ph);
+        f.extend(seg);
+        f
+    }
+
+    #[test]
+    fn the_pvh_kernel_is_booted_only_when_it_has_the_entry_note() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pvh = dir.path().join("pvh");
+        std::fs::write(&pvh, elf_with_notes(&[(b"GNU\0", 3), (b"Xen\0", 18)])).expect("write");
+        let plain = dir.path().join("plain");
+        // Right type, wrong owner; right owner, another type.
+        std::fs::write(&plain, elf_with_notes(&[(b"Lin\0", 18), (b"Xen\0", 17)])).expect("write");
+        let bzimage = dir.path().join("bz");
+        std::fs::write(
+            &bzimage,
+            b"MZ not an ELF file, longer than an ELF header.................................",
+        )
+        .expect("write");
+        assert!(has_pvh_entry(&pvh).expect("read"));
+        assert!(!has_pvh_entry(&plain).expect("read"));
+        assert!(!has_pvh_entry(&bzimage).expect("read"));
+
+        let mut s = spec(Path::new("/run/h/sbx"));
+        s.images.vmlinuz = bzimage.clone();
+        let kernel_of = |vmm: &QemuVmm, s: &VmSpec| {
+            let a = args_of(vmm, s);
+            a[a.iter().position(|x| x == "-kernel").expect("-kernel") + 1].clone()
+        };
+        let auto = QemuVmm::new(Accel::Tcg, "/usr/bin/qemu-system-x86_64".into(), "v".into());
+        let forced_bz = auto.clone().with_kernel(KernelChoice::BzImage);
+        let forced_pvh = auto.clone().with_kernel(KernelChoice::Pvh);
+        s.images.vmlinux = pvh.clone();
+        assert_eq!(kernel_of(&auto, &s), pvh.display().to_string());
+        assert_eq!(kernel_of(&forced_pvh, &s), pvh.display().to_string());
+        assert_eq!(kernel_of(&forced_bz, &s), bzimage.display().to_string());
+        for fallback in [plain, dir.path().join("missing")] {
+            s.images.vmlinux = fallback;
+            assert_eq!(kernel_of(&auto, &s), bzimage.display().to_string());
+            let err = forced_pvh.command_line(&s, None).expect_err("no PVH kernel");
+            assert!(
+                err.to_string().contains(&s.images.vmlinux.display().to_string()),
+                "{err}"
+            );
+        }
+        assert_eq!(KernelChoice::parse("pvh"), Some(KernelChoice::Pvh));
+        assert_eq!(KernelChoice::parse("bzimage"), Some(KernelChoice::BzImage));
+        assert_eq!(KernelChoice::parse("auto"), Some(KernelChoice::Auto));
+        assert_eq!(KernelChoice::parse("elf"), None);
+    }
+
+    #[test]
+    fn the_built_kernel_has_a_pvh_entry_when_present() {
+        // The Debian cloud kernel is built with CONFIG_PVH; images/build.sh extracts it next to the bzImage.
+        let vmlinux = Path::new("/var/lib/hearth/images/vmlinux");
+        if vmlinux.exists() {
+            assert!(has_pvh_entry(vmlinux).expect("read vmlinux"));
+            assert!(!has_pvh_entry(&vmlinux.with_file_name("vmlinuz")).expect("read vmlinuz"));
+        }
     }
 }

@@ -472,3 +472,88 @@ async fn checkpoint_pause_resume_and_fork() {
     assert!(!vmm.is_alive(&fork) && !vmm.is_alive(&resumed));
     guard.vm = None;
 }
+
+/// The boot protocol version the guest kernel saw: 2.12 is what its own PVH entry code fills in, a bzImage
+/// loaded by QEMU's option ROM reports the kernel's header version (2.15 for 6.1).
+async fn boot_protocol(client: &AgentClient) -> String {
+    let (code, v) = run_in_guest(client, &["cat", "/sys/kernel/boot_params/version"]).await;
+    assert_eq!(code, Some(0));
+    v.trim().to_string()
+}
+
+/// Boots through the PVH entry when asked, and a snapshot moves between the two kernel images: one taken
+/// after a bzImage boot (every snapshot made before PVH booting) resumes on a driver that boots vmlinux, and
+/// back, with its memory intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pvh_and_bzimage_boots_share_snapshots() {
+    use hearth_vmm::SnapshotMode;
+    use hearth_vmm::qemu::KernelChoice;
+    let located = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
+    let bz = located.clone().with_kernel(KernelChoice::BzImage);
+    let pvh = located.clone().with_kernel(KernelChoice::Pvh);
+    assert!(
+        hearth_vmm::qemu::has_pvh_entry(&images_dir().join("vmlinux")).expect("read vmlinux"),
+        "the guest kernel has no PVH entry note"
+    );
+    let run = tempfile::tempdir().expect("tempdir");
+    let base = require(images_dir().join("rootfs/minimal.ext4"));
+    let disk = bz.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let s = spec(run.path(), disk.clone(), "pvh-test");
+    let snaps = tempfile::tempdir().expect("tempdir");
+
+    // A PVH boot.
+    let vm = pvh.start(&s).await.expect("start with vmlinux");
+    let mut guard = Guard {
+        vmm: &pvh,
+        vm: Some(vm.clone()),
+    };
+    let client = wait_for_agent(&pvh, &vm).await;
+    assert_eq!(boot_protocol(&client).await, "0x020c", "booted through PVH");
+    drop(client);
+    pvh.stop(&vm).await.expect("stop");
+    guard.vm = None;
+
+    // A bzImage boot, paused...
+    let vm = bz.start(&s).await.expect("start with vmlinuz");
+    guard.vm = Some(vm.clone());
+    let client = wait_for_agent(&bz, &vm).await;
+    let bz_protocol = boot_protocol(&client).await;
+    assert_ne!(bz_protocol, "0x020c", "booted the bzImage");
+    let (code, _) = run_in_guest(&client, &["sh", "-c", "echo from-bzimage > /run/mark"]).await;
+    assert_eq!(code, Some(0));
+    drop(client);
+    let first = snaps.path().join("first");
+    std::fs::create_dir(&first).expect("mkdir");
+    let info = bz
+        .snapshot(&vm, &disk, &first, SnapshotMode::Pause)
+        .await
+        .expect("pause");
+
+    // ...resumes on the PVH driver (QEMU given vmlinux), still the bzImage-booted guest...
+    let vm = pvh.restore(&s, &first, &info).await.expect("resume with vmlinux");
+    guard.vm = Some(vm.clone());
+    let client = wait_for_agent(&pvh, &vm).await;
+    assert_eq!(boot_protocol(&client).await, bz_protocol);
+    let (_, mark) = run_in_guest(&client, &["cat", "/run/mark"]).await;
+    assert_eq!(mark, "from-bzimage\n");
+    let (code, _) = run_in_guest(&client, &["sh", "-c", "echo from-pvh-driver >> /run/mark"]).await;
+    assert_eq!(code, Some(0));
+    drop(client);
+    let second = snaps.path().join("second");
+    std::fs::create_dir(&second).expect("mkdir");
+    let info = pvh
+        .snapshot(&vm, &disk, &second, SnapshotMode::Pause)
+        .await
+        .expect("pause again");
+
+    // ...and back on the bzImage driver.
+    let vm = bz.restore(&s, &second, &info).await.expect("resume with vmlinuz");
+    guard.vm = Some(vm.clone());
+    let client = wait_for_agent(&bz, &vm).await;
+    let (_, mark) = run_in_guest(&client, &["cat", "/run/mark"]).await;
+    assert_eq!(mark, "from-bzimage\nfrom-pvh-driver\n");
+    drop(client);
+    bz.stop(&vm).await.expect("stop");
+    assert!(!bz.is_alive(&vm));
+    guard.vm = None;
+}
