@@ -298,6 +298,8 @@ async fn start_failure_reports_qemu_stderr_and_leaves_nothing() {
     std::fs::write(&base, vec![0u8; 1 << 20]).expect("write base");
     let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
     let mut s = spec(run.path(), disk, "x");
+    // Without a PVH vmlinux the driver falls back to the bzImage, which QEMU then fails to open.
+    s.images.vmlinux = run.path().join("no-such-elf-kernel");
     s.images.vmlinuz = run.path().join("no-such-kernel");
     let err = vmm.start(&s).await.expect_err("start must fail");
     let msg = err.to_string();
