@@ -2,6 +2,12 @@
 //! finds the `hearthd` and `hearth` binaries, starts a real `hearthd` on a temporary data directory and waits until
 //! it listens, restarts it after `kill -9` or SIGTERM, and stops it (and what it left) on drop. [`TestNetns`] is a
 //! network namespace made for one test.
+//!
+//! # Layout
+//! - binaries: [`build_bins`], [`hearthd_bin`], [`hearth_bin`] (built once per test process), [`images_dir`].
+//! - the daemon: [`Options`] (how to start it, a builder), [`Hearthd`] (the running daemon, its address, key and
+//!   log, restarts, cleanup on drop), [`pids_mentioning`] (what it left running).
+//! - [`TestNetns`]: `ip netns add`, removed on drop.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -157,6 +163,15 @@ impl Options {
         self
     }
 
+    /// Networking on through `uplink` (a namespace the test made) with sandbox addresses from `range`
+    /// ([`Network::Uplink`]).
+    pub fn uplink(self, uplink: &TestNetns, range: &str) -> Options {
+        self.network(Network::Uplink {
+            uplink: uplink.path.clone(),
+            range: range.to_owned(),
+        })
+    }
+
     /// Extra flags, after the harness's own (kept for restarts).
     pub fn args<I, S>(mut self, args: I) -> Options
     where
@@ -218,10 +233,14 @@ impl Options {
 /// A real `hearthd` on 127.0.0.1 (a free port) with a fresh data directory and the shared images. Its stdout and
 /// stderr go to a log file beside the data; restarts append to it.
 pub struct Hearthd {
+    /// `127.0.0.1:PORT` (updated by restarts)
+    pub addr: String,
+    /// `http://127.0.0.1:PORT`
+    pub url: String,
+    /// The API key.
+    pub key: String,
     opts: Options,
     child: Option<Child>,
-    addr: String,
-    key: String,
     root: tempfile::TempDir,
     data: PathBuf,
     /// Dropped after the daemon has been stopped (fields drop after `Drop::drop`).
@@ -261,6 +280,7 @@ impl Hearthd {
             opts,
             child: None,
             addr: String::new(),
+            url: String::new(),
             key: String::new(),
             root,
             data,
@@ -321,6 +341,7 @@ impl Hearthd {
             && text.ends_with('\n')
         {
             self.addr = text.trim().to_owned();
+            self.url = format!("http://{}", self.addr);
             self.key = std::fs::read_to_string(self.data.join("api-key"))
                 .expect("the api-key file")
                 .trim()
@@ -397,20 +418,6 @@ impl Hearthd {
         self.wait_ready_async().await;
     }
 
-    /// `127.0.0.1:PORT`
-    pub fn addr(&self) -> &str {
-        &self.addr
-    }
-
-    /// `http://127.0.0.1:PORT`
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
     pub fn data_dir(&self) -> &Path {
         &self.data
     }
@@ -445,7 +452,7 @@ impl Hearthd {
     /// The `hearth` binary at `hearth` with this daemon's URL and key in its environment.
     pub fn hearth(&self, hearth: &Path) -> Command {
         let mut cmd = Command::new(hearth);
-        cmd.env("HEARTH_URL", self.url())
+        cmd.env("HEARTH_URL", &self.url)
             .env("HEARTH_API_KEY", &self.key)
             .env("NO_COLOR", "1")
             .env_remove("HEARTH_DATA_DIR")

@@ -3,10 +3,11 @@
 
 #![allow(clippy::unwrap_used, dead_code)]
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use hearth_testkit::{Hearthd, Network, Options};
+use hearth_testkit::{Hearthd, Options};
 // Not every test binary uses each of these.
 #[allow(unused_imports)]
 pub use hearth_testkit::{TestNetns, images_dir};
@@ -17,43 +18,38 @@ pub fn hearthd_bin() -> PathBuf {
     hearth_testkit::hearthd_bin()
 }
 
-pub struct Daemon {
-    hearthd: Hearthd,
-    pub url: String,
-    pub key: String,
+/// The kit's [`Hearthd`] (`url`, `key`, `log()`, ...): networking off (`HEARTH_NETWORK=off`) unless started
+/// networked; dropping it destroys every sandbox it still has, then stops it.
+pub struct Daemon(Hearthd);
+
+impl Deref for Daemon {
+    type Target = Hearthd;
+
+    fn deref(&self) -> &Hearthd {
+        &self.0
+    }
+}
+
+fn options() -> Options {
+    Options::new()
+        .bin(hearthd_bin())
+        .cleanup_with_cli(env!("CARGO_BIN_EXE_hearth"))
 }
 
 impl Daemon {
-    /// Starts hearthd on 127.0.0.1 (a free port) with a fresh data directory and the shared images, sandbox
-    /// networking off (`HEARTH_NETWORK=off`: it is exercised by its own tests, each with an uplink namespace).
     pub fn start() -> Daemon {
-        Daemon::start_with(Options::new())
+        Daemon(Hearthd::start(options()))
     }
 
-    /// Like [`Daemon::start`], with sandbox networking on: egress leaves through `uplink` (a namespace the test
-    /// made) and sandbox addresses come from `range`, which must differ from every other test's range.
+    /// Sandbox networking on: egress leaves through `uplink` (a namespace the test made, no route anywhere) and
+    /// sandbox addresses come from `range`, which must differ from every other test's range.
     pub fn start_networked(uplink: &TestNetns, range: &str) -> Daemon {
-        Daemon::start_with(Options::new().network(Network::Uplink {
-            uplink: uplink.path.clone(),
-            range: range.to_owned(),
-        }))
-    }
-
-    fn start_with(opts: Options) -> Daemon {
-        let hearthd = Hearthd::start(
-            opts.bin(hearthd_bin())
-                .cleanup_with_cli(env!("CARGO_BIN_EXE_hearth")),
-        );
-        Daemon {
-            url: hearthd.url(),
-            key: hearthd.key().to_owned(),
-            hearthd,
-        }
+        Daemon(Hearthd::start(options().uplink(uplink, range)))
     }
 
     /// The `hearth` binary with this daemon's URL and key in its environment.
     pub fn hearth(&self) -> Command {
-        self.hearthd.hearth(Path::new(env!("CARGO_BIN_EXE_hearth")))
+        self.0.hearth(Path::new(env!("CARGO_BIN_EXE_hearth")))
     }
 
     /// Runs `hearth ARGS...` to completion.
@@ -81,10 +77,6 @@ impl Daemon {
         let out = child.wait_with_output().unwrap();
         writer.join().unwrap();
         out
-    }
-
-    pub fn log(&self) -> String {
-        self.hearthd.log()
     }
 }
 

@@ -4,11 +4,12 @@
 
 #![allow(clippy::unwrap_used, dead_code)]
 
+use std::ops::Deref;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use hearth_testkit::{Hearthd, Network, Options};
+use hearth_testkit::{Hearthd, Options};
 // Not every test binary uses each of these.
 #[allow(unused_imports)]
 pub use hearth_testkit::{TestNetns, images_dir, workspace_root};
@@ -24,49 +25,37 @@ pub fn hearth_bin() -> PathBuf {
     bin_dir().join("hearth")
 }
 
-pub struct Daemon {
-    hearthd: Hearthd,
-    /// `http://127.0.0.1:PORT`
-    pub url: String,
-    pub key: String,
+/// The kit's [`Hearthd`] (`url`, `key`, `log()`, ...): networking off (`HEARTH_NETWORK=off`) unless started
+/// networked; dropping it destroys every sandbox it still has, then stops it.
+pub struct Daemon(Hearthd);
+
+impl Deref for Daemon {
+    type Target = Hearthd;
+
+    fn deref(&self) -> &Hearthd {
+        &self.0
+    }
+}
+
+fn options() -> Options {
+    Options::new()
+        .bin(bin_dir().join("hearthd"))
+        .cleanup_with_cli(hearth_bin())
 }
 
 impl Daemon {
-    /// Starts hearthd on 127.0.0.1 (a free port) with a fresh data directory and the shared images, sandbox
-    /// networking off (`HEARTH_NETWORK=off`: it is exercised by its own tests, each with an uplink namespace).
     pub fn start() -> Daemon {
-        Daemon::start_with(Options::new())
+        Daemon(Hearthd::start(options()))
     }
 
-    /// Starts hearthd with sandbox networking on: `uplink` (a namespace the test made, with no route anywhere,
-    /// so nothing a guest sends leaves it) as the uplink and `range` (e.g. `10.213.70.0/24`, distinct from
-    /// every other test's) as the sandbox range.
+    /// Sandbox networking on: egress leaves through `uplink` (a namespace the test made, no route anywhere) and
+    /// sandbox addresses come from `range`, which must differ from every other test's range.
     pub fn start_networked(uplink: &TestNetns, range: &str) -> Daemon {
-        Daemon::start_with(Options::new().network(Network::Uplink {
-            uplink: uplink.path.clone(),
-            range: range.to_owned(),
-        }))
-    }
-
-    fn start_with(opts: Options) -> Daemon {
-        let bins = bin_dir();
-        let hearthd = Hearthd::start(
-            opts.bin(bins.join("hearthd"))
-                .cleanup_with_cli(bins.join("hearth")),
-        );
-        Daemon {
-            url: hearthd.url(),
-            key: hearthd.key().to_owned(),
-            hearthd,
-        }
+        Daemon(Hearthd::start(options().uplink(uplink, range)))
     }
 
     pub fn mcp_url(&self) -> String {
         format!("{}/mcp", self.url)
-    }
-
-    pub fn log(&self) -> String {
-        self.hearthd.log()
     }
 
     /// One server entry of docs/mcp.md's example `name` (`stdio` or `http`), pointed at this daemon and this

@@ -4,7 +4,8 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -23,11 +24,24 @@ pub fn template_built(name: &str) -> bool {
     images_dir().join("rootfs").join(format!("{name}.ext4")).is_file()
 }
 
+/// The kit's [`Hearthd`] (`addr`, `key`, `data_dir()`, `log()`, `pid()`, `try_wait()`, ...) with API helpers.
 pub struct Daemon {
     hearthd: Hearthd,
-    pub addr: String,
-    pub key: String,
     pub http: reqwest::Client,
+}
+
+impl Deref for Daemon {
+    type Target = Hearthd;
+
+    fn deref(&self) -> &Hearthd {
+        &self.hearthd
+    }
+}
+
+impl DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Hearthd {
+        &mut self.hearthd
+    }
 }
 
 impl Daemon {
@@ -49,44 +63,20 @@ impl Daemon {
             .stop_on_drop(Stop::Kill)
             .kill_leftover_vmms(true)
             .log_on_panic(false);
-        let hearthd = Hearthd::start_async(opts).await;
         Daemon {
-            addr: hearthd.addr().to_owned(),
-            key: hearthd.key().to_owned(),
-            hearthd,
+            hearthd: Hearthd::start_async(opts).await,
             http: reqwest::Client::new(),
         }
-    }
-
-    pub fn data_dir(&self) -> &Path {
-        self.hearthd.data_dir()
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.hearthd.pid()
-    }
-
-    /// The daemon's exit status once it has exited.
-    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
-        self.hearthd.try_wait()
-    }
-
-    pub fn log(&self) -> String {
-        self.hearthd.log()
     }
 
     /// `kill -9` the daemon (VMs keep running) and start it again on the same data directory.
     pub async fn kill9_and_restart(&mut self) {
         self.hearthd.kill9_and_restart_async().await;
-        self.addr = self.hearthd.addr().to_owned();
-        self.key = self.hearthd.key().to_owned();
     }
 
     /// SIGTERM the daemon (graceful: VMs keep running), wait for it to exit, start it again on the same dir.
     pub async fn term_and_restart(&mut self) {
         self.hearthd.term_and_restart_async().await;
-        self.addr = self.hearthd.addr().to_owned();
-        self.key = self.hearthd.key().to_owned();
     }
 
     pub fn url(&self, path: &str) -> String {
