@@ -57,9 +57,9 @@ impl Accel {
 /// Guest boot artifacts (from the images directory).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct BootImages {
-    /// bzImage, used by QEMU.
+    /// bzImage, used by QEMU when `vmlinux` cannot be booted through PVH (see `qemu::KernelChoice`).
     pub vmlinuz: PathBuf,
-    /// Uncompressed ELF kernel, used by Firecracker.
+    /// Uncompressed ELF kernel, used by Firecracker, and by QEMU through its PVH entry.
     pub vmlinux: PathBuf,
     /// Concatenated initramfs (base + agent).
     pub initramfs: PathBuf,
