@@ -6,6 +6,13 @@
 //! and writes `/etc/resolv.conf` (replacing a symlink, e.g. systemd-resolved's, with a plain file). Everything
 //! is done with ioctls on an `AF_INET` socket: the root filesystem may have no `ip`.
 //!
+//! IPv6, when the host's sandbox namespace has an IPv6 path: `hearth.net6=<address>/<prefix>,<gateway>` (e.g.
+//! `hearth.net6=fd68:6872:7468::2/64,fd68:6872:7468::1`) next to `hearth.net=`. The same interface then also
+//! gets that address (duplicate address detection and router advertisements off, so it is usable at once and
+//! nothing on the link can change it) and a default IPv6 route via the gateway, with ioctls on an `AF_INET6`
+//! socket. Without it the guest has no IPv6 route (so programs fall back to IPv4 at once). It is ignored
+//! without `hearth.net=`; a malformed value is logged and leaves IPv4 as it is.
+//!
 //! Without `hearth.net=` nothing changes. A malformed value or a failed step is logged to the console and
 //! never stops the agent: a sandbox without a working network is still reachable over the agent channel.
 //!
@@ -15,13 +22,15 @@
 use std::ffi::CString;
 use std::fmt;
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The kernel command line key.
 pub const CMDLINE_KEY: &str = "hearth.net";
+/// The kernel command line key of the IPv6 part.
+pub const CMDLINE_KEY6: &str = "hearth.net6";
 /// How long to wait for the NIC to show up (virtio-net is loaded by the initramfs, so normally it is there).
 const IFACE_WAIT: Duration = Duration::from_secs(3);
 /// `ARPHRD_ETHER`: the hardware type of an Ethernet (and virtio-net) interface.
@@ -53,15 +62,80 @@ impl fmt::Display for NetConfig {
     }
 }
 
+/// A parsed `hearth.net6=` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Net6Config {
+    pub address: Ipv6Addr,
+    pub prefix: u8,
+    pub gateway: Ipv6Addr,
+}
+
+impl fmt::Display for Net6Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} via {}", self.address, self.prefix, self.gateway)
+    }
+}
+
+/// The last value of `key=` on `line`, if any.
+fn cmdline_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let prefix = format!("{key}=");
+    line.split_whitespace()
+        .filter_map(|w| w.strip_prefix(&prefix))
+        .next_back()
+}
+
+/// Finds `hearth.net6=` in a kernel command line (the last one wins) and parses it. `Ok(None)`: no such key.
+pub fn from_cmdline6(line: &str) -> Result<Option<Net6Config>, String> {
+    cmdline_value(line, CMDLINE_KEY6).map(parse6).transpose()
+}
+
+/// Parses `<address>/<prefix>,<gateway>`: distinct unicast addresses (not loopback, not link-local) on one
+/// subnet, prefix 1..=126.
+pub fn parse6(value: &str) -> Result<Net6Config, String> {
+    let (Some((cidr, gateway)), false) = (value.split_once(','), value.matches(',').count() > 1) else {
+        return Err(format!("{value:?}: expected <address>/<prefix>,<gateway>"));
+    };
+    let (address, prefix) = cidr
+        .split_once('/')
+        .ok_or_else(|| format!("{cidr:?}: expected <address>/<prefix>"))?;
+    let addr = |what: &str, s: &str| -> Result<Ipv6Addr, String> {
+        let ip: Ipv6Addr = s
+            .parse()
+            .map_err(|_| format!("{what} {s:?} is not an IPv6 address"))?;
+        if ip.is_unspecified()
+            || ip.is_loopback()
+            || ip.is_multicast()
+            || ip.is_unicast_link_local()
+            || ip.to_ipv4_mapped().is_some()
+        {
+            return Err(format!("{what} {ip} is not a routable unicast address"));
+        }
+        Ok(ip)
+    };
+    let address = addr("address", address)?;
+    let gateway = addr("gateway", gateway)?;
+    let prefix = match prefix.parse::<u8>() {
+        Ok(p) if prefix.bytes().all(|b| b.is_ascii_digit()) && (1..=126).contains(&p) => p,
+        _ => return Err(format!("prefix {prefix:?} is not a number from 1 to 126")),
+    };
+    if address == gateway {
+        return Err(format!("address and gateway are both {address}"));
+    }
+    let mask = u128::MAX << (128 - u32::from(prefix));
+    if u128::from(address) & mask != u128::from(gateway) & mask {
+        return Err(format!("gateway {gateway} is not on {address}/{prefix}"));
+    }
+    Ok(Net6Config {
+        address,
+        prefix,
+        gateway,
+    })
+}
+
 /// Finds `hearth.net=` in a kernel command line (the last one wins, as for kernel parameters) and parses it.
 /// `Ok(None)`: no such key.
 pub fn from_cmdline(line: &str) -> Result<Option<NetConfig>, String> {
-    let prefix = format!("{CMDLINE_KEY}=");
-    match line
-        .split_whitespace()
-        .filter_map(|w| w.strip_prefix(&prefix))
-        .next_back()
-    {
+    match cmdline_value(line, CMDLINE_KEY) {
         None => Ok(None),
         Some(value) => parse(value).map(Some),
     }
@@ -138,10 +212,193 @@ pub fn setup() {
             return;
         }
     };
-    match configure(&cfg, Path::new("/etc")) {
-        Ok(iface) => crate::log(&format!("network: {iface} {cfg}")),
-        Err(e) => crate::log(&format!("network: {e}")),
+    // The IPv6 part, parsed first: duplicate address detection must be off before the NIC comes up, or its
+    // link-local address stays tentative for a second, and connections opened meanwhile never complete.
+    let cfg6 = match from_cmdline6(&line) {
+        Ok(cfg6) => cfg6,
+        Err(e) => {
+            crate::log(&format!("network: ignoring {CMDLINE_KEY6}=: {e}"));
+            None
+        }
+    };
+    if cfg6.is_some()
+        && let Err(e) = prepare6()
+    {
+        crate::log(&format!("network: IPv6 options: {e}"));
     }
+    let iface = match configure(&cfg, Path::new("/etc")) {
+        Ok(iface) => {
+            crate::log(&format!("network: {iface} {cfg}"));
+            iface
+        }
+        Err(e) => {
+            crate::log(&format!("network: {e}"));
+            return;
+        }
+    };
+    if let Some(cfg6) = cfg6 {
+        match configure6(&cfg6, &iface) {
+            Ok(()) => crate::log(&format!("network: {iface} {cfg6}")),
+            Err(e) => crate::log(&format!("network: {e}")),
+        }
+    }
+}
+
+/// The IPv6 options of the guest: no duplicate address detection, no router advertisements, no
+/// autoconfiguration, for every interface there is (`all`, `default` and each one present). Call before the
+/// NIC is brought up ([`configure`]): an interface that comes up with detection on keeps its link-local
+/// address tentative for a while, and connections opened meanwhile do not complete. Writes this thread's
+/// namespace's `/proc/sys`.
+pub fn prepare6() -> std::io::Result<()> {
+    let mut confs = vec!["all".to_owned(), "default".to_owned()];
+    confs.extend(
+        interfaces()
+            .into_iter()
+            .map(|(_, name)| name)
+            .filter(|n| n != "lo"),
+    );
+    for conf in confs {
+        set_ipv6_options(&conf)?;
+    }
+    Ok(())
+}
+
+fn set_ipv6_options(conf: &str) -> std::io::Result<()> {
+    for (knob, value) in [
+        ("disable_ipv6", "0"),
+        ("accept_dad", "0"),
+        ("accept_ra", "0"),
+        ("autoconf", "0"),
+    ] {
+        let path = format!("/proc/sys/net/ipv6/conf/{conf}/{knob}");
+        std::fs::write(&path, value).map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Gives `iface` (already up, see [`configure`]) the IPv6 address of `cfg` and a default IPv6 route via its
+/// gateway, in the calling thread's network namespace. Duplicate address detection and router advertisements
+/// are turned off on `iface` first (through `/proc/sys`, which must be this namespace's; call [`prepare6`]
+/// before bringing the interface up as well). Running it again (an agent restarted) is no error.
+pub fn configure6(cfg: &Net6Config, iface: &str) -> Result<(), NetError> {
+    fn step6<T>(iface: &str, what: &'static str, r: std::io::Result<T>) -> Result<T, NetError> {
+        r.map_err(|source| NetError::Ioctl {
+            iface: iface.to_owned(),
+            what,
+            source,
+        })
+    }
+    let step = |what, r| step6(iface, what, r);
+    step("checking the interface name", ifreq(iface).map(drop))?;
+    step("setting IPv6 options", set_ipv6_options(iface))?;
+    let sock = step6(iface, "IPv6 socket", inet6_socket())?;
+    let index = step6(iface, "looking up the index", if_index(iface))?;
+    let mut req = In6Ifreq {
+        ifr6_addr: in6_addr(cfg.address),
+        ifr6_prefixlen: u32::from(cfg.prefix),
+        ifr6_ifindex: index,
+    };
+    match ioctl(&sock, libc::SIOCSIFADDR, (&raw mut req).cast()) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        other => step("setting the IPv6 address", other)?,
+    }
+    // Even without duplicate address detection a new address is tentative until the kernel's address work
+    // has run; a connection opened before that would pick another source address.
+    step(
+        "waiting for the IPv6 address",
+        wait_not_tentative(cfg.address, IFACE_WAIT),
+    )?;
+    let mut rt = In6Rtmsg {
+        rtmsg_dst: in6_addr(Ipv6Addr::UNSPECIFIED),
+        rtmsg_src: in6_addr(Ipv6Addr::UNSPECIFIED),
+        rtmsg_gateway: in6_addr(cfg.gateway),
+        rtmsg_type: 0,
+        rtmsg_dst_len: 0,
+        rtmsg_src_len: 0,
+        rtmsg_metric: 1,
+        rtmsg_info: 0,
+        rtmsg_flags: u32::from(libc::RTF_UP | libc::RTF_GATEWAY),
+        rtmsg_ifindex: index,
+    };
+    match ioctl(&sock, libc::SIOCADDRT, (&raw mut rt).cast()) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        other => step("adding the default IPv6 route", other),
+    }
+}
+
+/// `IFA_F_TENTATIVE` of `<linux/if_addr.h>`.
+const IFA_F_TENTATIVE: u32 = 0x40;
+
+/// Waits until `address` is listed in this thread's namespace (`/proc/thread-self/net/if_inet6`) and not
+/// tentative.
+fn wait_not_tentative(address: Ipv6Addr, timeout: Duration) -> std::io::Result<()> {
+    let hex: String = address.octets().iter().map(|b| format!("{b:02x}")).collect();
+    let deadline = Instant::now() + timeout;
+    loop {
+        let table = std::fs::read_to_string("/proc/thread-self/net/if_inet6")?;
+        let ready = table.lines().any(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() >= 6
+                && f[0] == hex
+                && u32::from_str_radix(f[4], 16).is_ok_and(|flags| flags & IFA_F_TENTATIVE == 0)
+        });
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(std::io::Error::other(format!(
+                "{address} still tentative or missing after {timeout:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `struct in6_ifreq` of `<linux/ipv6.h>`.
+#[repr(C)]
+struct In6Ifreq {
+    ifr6_addr: libc::in6_addr,
+    ifr6_prefixlen: u32,
+    ifr6_ifindex: libc::c_int,
+}
+
+/// `struct in6_rtmsg` of `<linux/ipv6_route.h>`.
+#[repr(C)]
+struct In6Rtmsg {
+    rtmsg_dst: libc::in6_addr,
+    rtmsg_src: libc::in6_addr,
+    rtmsg_gateway: libc::in6_addr,
+    rtmsg_type: u32,
+    rtmsg_dst_len: u16,
+    rtmsg_src_len: u16,
+    rtmsg_metric: u32,
+    rtmsg_info: libc::c_ulong,
+    rtmsg_flags: u32,
+    rtmsg_ifindex: libc::c_int,
+}
+
+fn in6_addr(ip: Ipv6Addr) -> libc::in6_addr {
+    libc::in6_addr { s6_addr: ip.octets() }
+}
+
+fn if_index(iface: &str) -> std::io::Result<libc::c_int> {
+    let name = CString::new(iface).map_err(|_| std::io::Error::other("NUL in the interface name"))?;
+    // SAFETY: `name` is a NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    libc::c_int::try_from(index).map_err(|_| std::io::Error::other("interface index out of range"))
+}
+
+fn inet6_socket() -> std::io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the result is checked and owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A failed configuration step.
@@ -454,6 +711,45 @@ mod tests {
         );
         assert!(from_cmdline("hearth.net=").is_err());
         assert!(from_cmdline("hearth.net=garbage").is_err());
+    }
+
+    #[test]
+    fn parses_the_ipv6_value_and_keeps_old_command_lines() {
+        let cfg = parse6("fd68:6872:7468::2/64,fd68:6872:7468::1").expect("valid");
+        assert_eq!(
+            cfg,
+            Net6Config {
+                address: "fd68:6872:7468::2".parse().expect("address"),
+                prefix: 64,
+                gateway: "fd68:6872:7468::1".parse().expect("gateway"),
+            }
+        );
+        for bad in [
+            "",
+            "fd68::2/64",
+            "fd68::2/64,fd68::1,fd68::1",
+            "fd68::2,fd68::1",
+            "fd68::2/0,fd68::1",
+            "fd68::2/127,fd68::1",
+            "fd68::2/+64,fd68::1",
+            "fd68::2/64,fd68::2",
+            "fd68::2/64,fd69::1",
+            "fe80::2/64,fe80::1",
+            "::1/64,::2",
+            "::ffff:172.16.0.2/96,::ffff:172.16.0.1",
+            "ff02::2/64,ff02::1",
+            "172.16.0.2/30,172.16.0.1",
+        ] {
+            assert!(parse6(bad).is_err(), "{bad:?} was accepted");
+        }
+        // An old command line has no IPv6 part; `hearth.net=` alone still parses the same.
+        let old = "console=ttyS0 hearth.net=172.16.0.2/30,172.16.0.1,172.16.0.1";
+        assert_eq!(from_cmdline6(old), Ok(None));
+        assert!(from_cmdline(old).expect("valid").is_some());
+        let new = format!("{old} hearth.net6=fd68:6872:7468::2/64,fd68:6872:7468::1");
+        assert_eq!(from_cmdline6(&new), Ok(Some(cfg)));
+        assert_eq!(from_cmdline(&new), from_cmdline(old));
+        assert!(from_cmdline6("hearth.net6=junk").is_err());
     }
 
     #[test]

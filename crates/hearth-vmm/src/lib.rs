@@ -154,6 +154,20 @@ pub fn net_kernel_arg() -> String {
     )
 }
 
+/// The kernel command line word for a sandbox whose namespace has an IPv6 path (hearth-net's
+/// `PlaneConfig::sandbox_net6`), to append after [`net_kernel_arg`]:
+/// `hearth.net6=<guest addr>/<prefix>,<gateway>` (the same in every sandbox). Without it the guest has no IPv6
+/// route, which is right for a namespace that drops IPv6 (programs fall back to IPv4 at once). Agents that
+/// predate it ignore it.
+pub fn net6_kernel_arg() -> String {
+    format!(
+        "hearth.net6={}/{},{}",
+        hearth_net::GUEST_ADDR6,
+        hearth_net::GUEST_PREFIX6,
+        hearth_net::GATEWAY6
+    )
+}
+
 /// What the daemon persists about a started VM, enough to find it again after a restart.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct VmHandle {
@@ -338,6 +352,10 @@ mod tests {
         };
         assert!(relative.validate().is_err());
         assert_eq!(net_kernel_arg(), "hearth.net=172.16.0.2/30,172.16.0.1,172.16.0.1");
+        assert_eq!(
+            net6_kernel_arg(),
+            "hearth.net6=fd68:6872:7468::2/64,fd68:6872:7468::1"
+        );
     }
 
     #[test]
