@@ -553,6 +553,16 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_range_smaller_than_a_64_is_refused_before_anything_is_done() {
+        let cfg = PlaneConfig {
+            uplink_netns: PathBuf::from("/nonexistent/netns"),
+            sandbox_net: "10.213.0.0/16".parse().expect("v4 range"),
+            sandbox_net6: Some("2001:db8::/80".parse().expect("v6 range")),
+        };
+        assert!(matches!(Plane::new(cfg), Err(NetError::InvalidRange6(_))));
+    }
+
+    #[test]
     fn ids_that_could_escape_a_name_are_refused() {
         for bad in ["", "../x", "a b", "a/b", "x\0", "ä", &"a".repeat(65)] {
             assert!(validate_id(bad).is_err(), "{bad:?}");

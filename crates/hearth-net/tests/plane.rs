@@ -737,3 +737,23 @@ fn ipv6_spoofed_sources_from_the_guest_are_dropped() {
     let payloads: Vec<String> = srv.seen.lock().unwrap().iter().map(|s| s.2.clone()).collect();
     assert_eq!(payloads, vec!["genuine".to_owned()]);
 }
+
+#[test]
+fn without_an_ipv6_range_a_guest_that_configures_ipv6_itself_gets_nothing_out() {
+    let net = FakeNet::new(30);
+    let (tcp_srv, udp_srv) = servers6(&net.inet.path, 8080);
+    let sb = net.with(2, |s| s.allow = vec!["::/0".parse().unwrap()]);
+    ip_batch(
+        &sb.guest.name,
+        &format!(
+            "addr add {}/64 dev eth0 nodad\nroute add ::/0 via {} dev eth0\n",
+            hearth_net::GUEST_ADDR6,
+            hearth_net::GATEWAY6
+        ),
+    );
+    must_not_tcp(&sb.guest.path, sa6(HOST_A6, 8080));
+    must_not_udp(&sb.guest.path, sa6(HOST_A6, 8080));
+    assert_eq!(tcp_srv.count() + udp_srv.count(), 0);
+    assert!(net.plane.hub_address6().is_none());
+    assert!(net.plane.sandbox_address6(sb.net.address).is_none());
+}
