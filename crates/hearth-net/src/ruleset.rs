@@ -185,6 +185,15 @@ pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net, sandbox_net6: Option
         "\t\tmeta l4proto {{ tcp, udp }} th dport {{ 53, 853 }} {} drop",
         log("deny", "dns_blocked")
     );
+    if sb.proxy_tcp {
+        // Domain rules are enforced by the proxy, which takes IPv4 only: IPv6 to the proxied ports would bypass
+        // them. A reset (not a silent drop) makes clients fall back to IPv4 at once.
+        let _ = writeln!(
+            t,
+            "\t\tmeta nfproto ipv6 tcp dport {{ 80, 443 }} {} reject with tcp reset",
+            log("deny", "domain_rules_ipv4_only")
+        );
+    }
     let _ = writeln!(t, "\t\tip daddr @peers {} accept", log("allow", "private_peer"));
     let _ = writeln!(
         t,
@@ -430,6 +439,22 @@ mod tests {
         assert!(t.contains("10.213.0.0/16"));
         assert!(t.contains("2001:db8::/32"));
         assert!(t.starts_with("table inet hearth\ndelete table inet hearth\n"));
+    }
+
+    #[test]
+    fn proxied_ports_are_refused_over_ipv6_when_domain_rules_apply() {
+        let s = sb();
+        assert!(s.proxy_tcp);
+        let t = sandbox_table(&s, "10.213.0.0/16".parse().unwrap(), None);
+        assert!(
+            t.contains("meta nfproto ipv6 tcp dport { 80, 443 } log group 4 prefix \"deny:domain_rules_ipv4_only\" reject with tcp reset"),
+            "{t}"
+        );
+        let mut s = sb();
+        s.proxy_tcp = false;
+        assert!(
+            !sandbox_table(&s, "10.213.0.0/16".parse().unwrap(), None).contains("domain_rules_ipv4_only")
+        );
     }
 
     #[test]

@@ -193,14 +193,18 @@ impl FirecrackerVmm {
             .collect()
     }
 
-    fn boot_args(hostname: &str, net: bool) -> String {
+    fn boot_args(hostname: &str, net: Option<&crate::NetAttach>) -> String {
         let mut args = format!(
             "console=ttyS0 reboot=k panic=-1 pci=off quiet hearth.transport=vsock \
              hearth.vsock_port={AGENT_VSOCK_PORT} hearth.hostname={hostname}"
         );
-        if net {
+        if let Some(n) = net {
             args.push(' ');
             args.push_str(&crate::net_kernel_arg());
+            if n.ipv6 {
+                args.push(' ');
+                args.push_str(&crate::net6_kernel_arg());
+            }
         }
         args
     }
@@ -287,7 +291,7 @@ impl FirecrackerVmm {
         api.put_boot_source(api::BootSource {
             kernel_image_path: paths.kernel.clone(),
             initrd_path: Some(paths.initramfs.clone()),
-            boot_args: Some(Self::boot_args(&spec.hostname, spec.net.is_some())),
+            boot_args: Some(Self::boot_args(&spec.hostname, spec.net.as_ref())),
         })
         .await?;
         api.put_drive(api::Drive {
@@ -675,13 +679,24 @@ mod tests {
 
     #[test]
     fn boot_args_name_the_vsock_transport() {
-        let args = FirecrackerVmm::boot_args("box-1", false);
+        let args = FirecrackerVmm::boot_args("box-1", None);
         assert!(args.contains("hearth.transport=vsock"));
         assert!(args.contains("hearth.vsock_port=1024"));
         assert!(args.ends_with("hearth.hostname=box-1"));
         assert!(args.starts_with("console=ttyS0 "));
         assert!(!args.contains("hearth.net="));
-        let with_net = FirecrackerVmm::boot_args("box-1", true);
+        let with_net = FirecrackerVmm::boot_args(
+            "box-1",
+            Some(&crate::NetAttach::for_sandbox("sbx_0123456789abcdef")),
+        );
         assert!(with_net.ends_with("hearth.hostname=box-1 hearth.net=172.16.0.2/30,172.16.0.1,172.16.0.1"));
+        let with_v6 = FirecrackerVmm::boot_args(
+            "box-1",
+            Some(&crate::NetAttach::for_sandbox("sbx_0123456789abcdef").with_ipv6(true)),
+        );
+        assert!(
+            with_v6.ends_with(" hearth.net6=fd68:6872:7468::2/64,fd68:6872:7468::1"),
+            "{with_v6}"
+        );
     }
 }

@@ -98,6 +98,9 @@ pub struct NetAttach {
     pub tap: String,
     /// MAC address of the guest's NIC (`02:68:72:74:68:02`).
     pub guest_mac: String,
+    /// The namespace has an IPv6 path: the guest also gets [`net6_kernel_arg`] at boot.
+    #[serde(default)]
+    pub ipv6: bool,
 }
 
 impl NetAttach {
@@ -107,7 +110,14 @@ impl NetAttach {
             netns: hearth_net::netns_path(id),
             tap: hearth_net::TAP_NAME.to_string(),
             guest_mac: hearth_net::GUEST_MAC.to_string(),
+            ipv6: false,
         }
+    }
+
+    /// The same with (or without) the IPv6 path.
+    pub fn with_ipv6(mut self, ipv6: bool) -> Self {
+        self.ipv6 = ipv6;
+        self
     }
 
     /// Checks what ends up in VMM arguments and API bodies: an interface name the kernel accepts and a

@@ -313,9 +313,13 @@ impl QemuVmm {
             " hearth.transport=serial hearth.hostname={}",
             spec.hostname
         ));
-        if net.is_some() {
+        if let Some((n, _)) = &net {
             append.push(' ');
             append.push_str(&crate::net_kernel_arg());
+            if n.ipv6 {
+                append.push(' ');
+                append.push_str(&crate::net6_kernel_arg());
+            }
         }
 
         let (accel, cpu) = match self.accel {

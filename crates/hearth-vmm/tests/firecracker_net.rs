@@ -20,6 +20,7 @@ fn net_of(ns: &TestNetns) -> NetAttach {
         netns: ns.path.clone(),
         tap: hearth_net::TAP_NAME.into(),
         guest_mac: hearth_net::GUEST_MAC.into(),
+        ipv6: false,
     }
 }
 

@@ -191,6 +191,7 @@ fn spec_in(run: &Path, disk: PathBuf, id: &str, ns: &TestNetns) -> VmSpec {
             netns: ns.path.clone(),
             tap: hearth_net::TAP_NAME.into(),
             guest_mac: hearth_net::GUEST_MAC.into(),
+            ipv6: false,
         }),
     }
 }

@@ -62,6 +62,10 @@ pub struct Args {
     /// need distinct ranges.
     #[arg(long, env = "HEARTH_SANDBOX_NET", default_value = "10.213.0.0/16")]
     pub sandbox_net: ipnet::Ipv4Net,
+    /// IPv6 range of sandboxes (a /64 or larger; each sandbox's IPv6 address embeds its IPv4 one). Without it
+    /// sandboxes have no IPv6 path and IPv6 egress is always denied.
+    #[arg(long, env = "HEARTH_SANDBOX_NET6")]
+    pub sandbox_net6: Option<ipnet::Ipv6Net>,
     /// Resolver the platform DNS resolver and the egress proxy ask, reached from the uplink namespace.
     /// Default: the first nameserver of /etc/resolv.conf.
     #[arg(long, env = "HEARTH_DNS_UPSTREAM")]

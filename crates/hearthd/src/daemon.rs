@@ -116,6 +116,7 @@ fn build_networking(
     let settings = crate::service::network::NetSettings {
         uplink_netns: args.uplink_netns.clone(),
         sandbox_net: args.sandbox_net,
+        sandbox_net6: args.sandbox_net6,
         dns_upstream,
         port_key_file: args.data_dir.join("port-token.key"),
     };

@@ -662,3 +662,70 @@ async fn upgrade_round_trip(d: &Daemon, id: &str) {
     }
     panic!("no upgrade through the exposed port: {last}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_egress_follows_the_cidr_rules() {
+    use netfix::{HOST_V6, ULA_V6};
+    let fi = FakeInternet::new();
+    let mut flags = fi.daemon_flags("10.213.24.0/24");
+    flags.extend(["--sandbox-net6".to_string(), "2001:db8:24::/64".to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let d = Daemon::start_with(&flags).await;
+    let v6 = HOST_V6.to_string();
+    let open = d.create(json!({"template": TEMPLATE})).await;
+    let r = probe(
+        &d,
+        &open.id,
+        json!([
+            ["tcp", v6.clone(), 8080],
+            ["tcp", ULA_V6.to_string(), 8080],
+            ["tcp", "fd00:ec2::254", 80],
+            ["tcp", HOST_A.to_string(), 8080],
+        ]),
+    )
+    .await;
+    assert!(
+        ok(&r[0]) && r[0].contains(&format!("host={v6}")),
+        "default allow reaches the IPv6 host: {r:?}"
+    );
+    assert!(!ok(&r[1]), "a ULA destination is always denied: {r:?}");
+    assert!(!ok(&r[2]), "the IPv6 metadata address is always denied: {r:?}");
+    assert!(ok(&r[3]), "IPv4 still works: {r:?}");
+
+    // Default deny: only the allowed IPv6 CIDR; and with domain rules, IPv6 to the proxied ports is refused at
+    // once (clients fall back to IPv4, where the proxy enforces the names).
+    let closed = d
+        .create(json!({"template": TEMPLATE, "network": {"egress": {
+            "default": "deny", "allow": ["2001:db8:1::/64", "a.test"], "deny": ["2001:db8:1::10/128"]}}}))
+        .await;
+    let r = probe(
+        &d,
+        &closed.id,
+        json!([["tcp", v6.clone(), 8080], ["tcp", v6.clone(), 80]]),
+    )
+    .await;
+    assert!(!ok(&r[0]), "deny wins over allow for IPv6: {r:?}");
+    assert!(
+        r[1].contains("ConnectionRefused") || r[1].contains("reset"),
+        "proxied port over IPv6 is reset: {r:?}"
+    );
+    let resp = d
+        .req(Method::PATCH, &format!("/v1/sandboxes/{}/network", closed.id))
+        .json(&json!({"egress": {"default": "deny", "allow": ["2001:db8:1::/64"]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let r = probe(
+        &d,
+        &closed.id,
+        json!([["tcp", v6.clone(), 8080], ["tcp", HOST_A.to_string(), 8080]]),
+    )
+    .await;
+    assert!(ok(&r[0]), "the allowed IPv6 CIDR: {r:?}");
+    assert!(!ok(&r[1]), "IPv4 not named stays denied: {r:?}");
+    assert_eq!(fi.seen.conns_to_v6(ULA_V6), 0);
+    for id in [&open.id, &closed.id] {
+        d.destroy(id).await;
+    }
+}

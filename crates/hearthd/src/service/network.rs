@@ -37,6 +37,8 @@ pub struct NetSettings {
     pub uplink_netns: PathBuf,
     /// The sandbox range; its first address is the hub's.
     pub sandbox_net: ipnet::Ipv4Net,
+    /// The sandboxes' IPv6 range (a /64 or larger); `None`: sandboxes have no IPv6 path.
+    pub sandbox_net6: Option<ipnet::Ipv6Net>,
     /// The resolver the platform resolver and the proxy ask (reached from the uplink namespace).
     pub dns_upstream: SocketAddr,
     /// File holding the key that signs port tokens (created with 32 random bytes when missing).
@@ -84,7 +86,7 @@ impl Networking {
             Plane::new(PlaneConfig {
                 uplink_netns: settings.uplink_netns.clone(),
                 sandbox_net: settings.sandbox_net,
-                sandbox_net6: None,
+                sandbox_net6: settings.sandbox_net6,
             })
             .map_err(|e| format!("network data plane: {e}"))?,
         );
@@ -398,7 +400,9 @@ impl Sandboxes {
         let peers = self.peers_of(id).map_err(|e| e.to_string())?;
         net.bring_up(&row, peers).await?;
         self.refresh_peers().await.map_err(|e| e.to_string())?;
-        Ok(Some(NetAttach::for_sandbox(id)))
+        Ok(Some(
+            NetAttach::for_sandbox(id).with_ipv6(net.settings.sandbox_net6.is_some()),
+        ))
     }
 
     /// Removes a sandbox's network (its rows go with the sandbox row). Never fails.
@@ -431,7 +435,9 @@ impl Sandboxes {
             net.bring_up(&row, peers).await?;
             self.refresh_peers().await.map_err(|e| e.to_string())?;
         }
-        Ok(Some(NetAttach::for_sandbox(id)))
+        Ok(Some(
+            NetAttach::for_sandbox(id).with_ipv6(net.settings.sandbox_net6.is_some()),
+        ))
     }
 
     /// At start-up: services for every sandbox that has a network, and removal of whatever network state

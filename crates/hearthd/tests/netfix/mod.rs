@@ -27,6 +27,12 @@ pub const HOST_B: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
 pub const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
 pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 pub const PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+/// An IPv6 test host (documentation range) and a ULA one that must never be reached.
+pub const HOST_V6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0x10);
+pub const ULA_V6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd12, 0x3456, 0, 0, 0, 0, 0, 0x10);
+/// The IPv6 link between the uplink and the internet namespaces.
+const UPLINK_V6: &str = "2001:db8:ff::1";
+const INET_V6: &str = "2001:db8:ff::2";
 
 /// Names the test resolver knows.
 pub fn zone(name: &str) -> Option<Ipv4Addr> {
@@ -98,6 +104,14 @@ impl Seen {
             .unwrap()
             .iter()
             .any(|q| q.trim_end_matches('.').eq_ignore_ascii_case(name))
+    }
+    pub fn conns_to_v6(&self, ip: std::net::Ipv6Addr) -> usize {
+        self.conns
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(l, _, _)| l.ip() == IpAddr::V6(ip))
+            .count()
     }
     pub fn conns_to(&self, ip: Ipv4Addr) -> usize {
         self.conns
@@ -173,6 +187,42 @@ impl FakeInternet {
                 "lo",
             ]);
         }
+        // IPv6: the same shape (no duplicate address detection, so the addresses are usable at once).
+        for (ns, dev, addr) in [(&up.name, "inet0", UPLINK_V6), (&inet.name, "up0", INET_V6)] {
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ]);
+        }
+        ip(&["-n", &up.name, "-6", "route", "add", "default", "via", INET_V6]);
+        for host in [HOST_V6, ULA_V6] {
+            ip(&[
+                "-n",
+                &inet.name,
+                "addr",
+                "add",
+                &format!("{host}/128"),
+                "dev",
+                "lo",
+                "nodad",
+            ]);
+        }
+        ip(&[
+            "-n",
+            &inet.name,
+            "-6",
+            "route",
+            "add",
+            "2001:db8::/40",
+            "via",
+            UPLINK_V6,
+        ]);
         // Replies (and ingress attempts) towards sandbox addresses go back through the uplink.
         ip(&[
             "-n",
@@ -227,6 +277,13 @@ impl FakeInternet {
         let ns = self.inet.path.clone();
         let rt = self._rt.as_ref().unwrap();
         let _guard = rt.enter();
+        for host in [HOST_V6, ULA_V6] {
+            for port in [80u16, 8080] {
+                let l = hearth_net::netns::tcp_listener(&ns, SocketAddr::from((host, port))).unwrap();
+                let seen = self.seen.clone();
+                rt.spawn(serve_text(tokio::net::TcpListener::from_std(l).unwrap(), seen));
+            }
+        }
         for host in [HOST_A, HOST_B, METADATA, PRIVATE] {
             for port in [80u16, 8080] {
                 let l = hearth_net::netns::tcp_listener(&ns, SocketAddr::from((host, port))).unwrap();
