@@ -1,4 +1,3 @@
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -11,7 +10,7 @@ use hearth_api::{
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use reqwest::{Method, Url};
 
-use crate::sse::{SseEvent, SseParser};
+use crate::sse::SseEvent;
 use crate::{Client, Error};
 
 /// The events of one streamed command, ending after its `Exit` or `Error` event (or the first `Err`).
@@ -152,69 +151,18 @@ pub fn decode_output(data_b64: &str) -> Result<Vec<u8>, Error> {
         .map_err(|e| Error::Decode(format!("output chunk is not base64: {e}")))
 }
 
-struct EventState {
-    body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
-    parser: SseParser,
-    queue: VecDeque<Result<CommandEvent, Error>>,
-    /// No more items after the queue drains: a terminal event or an error was queued, or the body ended.
-    finished: bool,
-    url: Url,
-}
-
-impl EventState {
-    fn push(&mut self, item: Result<CommandEvent, Error>) {
-        if self.finished {
-            return;
-        }
-        self.finished = matches!(
-            item,
-            Err(_) | Ok(CommandEvent::Exit { .. }) | Ok(CommandEvent::Error { .. })
-        );
-        self.queue.push_back(item);
-    }
-}
-
-/// Turns an SSE byte stream into command events.
+/// Turns an SSE byte stream into command events (the stream ends after `exit` or `error`).
 fn command_events(
     body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
     url: Url,
 ) -> impl Stream<Item = Result<CommandEvent, Error>> + Send + 'static {
-    let state = EventState {
+    crate::sse::typed_events(
         body,
-        parser: SseParser::default(),
-        queue: VecDeque::new(),
-        finished: false,
         url,
-    };
-    stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(item) = st.queue.pop_front() {
-                return Some((item, st));
-            }
-            if st.finished {
-                return None;
-            }
-            match st.body.next().await {
-                Some(Ok(chunk)) => match st.parser.push(&chunk) {
-                    Ok(events) => {
-                        for ev in events {
-                            if let Some(item) = to_command_event(ev) {
-                                st.push(item);
-                            }
-                        }
-                    }
-                    Err(e) => st.push(Err(Error::Decode(e.to_string()))),
-                },
-                Some(Err(e)) => {
-                    let err = Error::transport(&st.url, e);
-                    st.push(Err(err));
-                }
-                None => st.push(Err(Error::Decode(
-                    "the event stream ended before the command's exit event".into(),
-                ))),
-            }
-        }
-    })
+        to_command_event,
+        |e| matches!(e, CommandEvent::Exit { .. } | CommandEvent::Error { .. }),
+        "the event stream ended before the command's exit event",
+    )
 }
 
 const KNOWN_EVENTS: [&str; 5] = ["start", "stdout", "stderr", "exit", "error"];

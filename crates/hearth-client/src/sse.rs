@@ -175,6 +175,71 @@ impl SseParser {
     }
 }
 
+/// Turns an SSE response body into a stream of typed items: `decode` maps each SSE event to an item (or `None`
+/// to skip it), `is_terminal` says which item ends the stream, and a body that ends before a terminal item
+/// yields `Err(Decode(ended_early))`. A transport or framing error is yielded once and ends the stream.
+pub(crate) fn typed_events<T: Send + 'static>(
+    body: futures::stream::BoxStream<'static, Result<bytes::Bytes, reqwest::Error>>,
+    url: reqwest::Url,
+    decode: fn(SseEvent) -> Option<Result<T, crate::Error>>,
+    is_terminal: fn(&T) -> bool,
+    ended_early: &'static str,
+) -> impl futures::Stream<Item = Result<T, crate::Error>> + Send + 'static {
+    use futures::StreamExt;
+    struct St<T> {
+        body: futures::stream::BoxStream<'static, Result<bytes::Bytes, reqwest::Error>>,
+        parser: SseParser,
+        queue: std::collections::VecDeque<Result<T, crate::Error>>,
+        finished: bool,
+        url: reqwest::Url,
+        is_terminal: fn(&T) -> bool,
+    }
+    impl<T> St<T> {
+        fn push(&mut self, item: Result<T, crate::Error>) {
+            if self.finished {
+                return;
+            }
+            self.finished = item.as_ref().map_or(true, self.is_terminal);
+            self.queue.push_back(item);
+        }
+    }
+    let state = St {
+        body,
+        parser: SseParser::default(),
+        queue: std::collections::VecDeque::new(),
+        finished: false,
+        url,
+        is_terminal,
+    };
+    futures::stream::unfold(state, move |mut st| async move {
+        loop {
+            if let Some(item) = st.queue.pop_front() {
+                return Some((item, st));
+            }
+            if st.finished {
+                return None;
+            }
+            match st.body.next().await {
+                Some(Ok(chunk)) => match st.parser.push(&chunk) {
+                    Ok(events) => {
+                        for ev in events {
+                            if let Some(item) = decode(ev) {
+                                st.push(item);
+                            }
+                        }
+                    }
+                    Err(e) => st.push(Err(crate::Error::Decode(e.to_string()))),
+                },
+                Some(Err(e)) => {
+                    let err = crate::Error::transport(&st.url, e);
+                    st.push(Err(err));
+                }
+                None => st.push(Err(crate::Error::Decode(ended_early.into()))),
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -1,6 +1,5 @@
 //! Template builds with their progress streamed as [`TemplateBuildEvent`]s (SSE).
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -11,7 +10,7 @@ use hearth_api::{CreateTemplateRequest, TemplateBuildEvent};
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use reqwest::{Method, Url};
 
-use crate::sse::{SseEvent, SseParser};
+use crate::sse::SseEvent;
 use crate::{Client, Error};
 
 /// The progress events of one template build, ending after its `Done` or `Failed` event (or the first `Err`).
@@ -64,65 +63,17 @@ impl Client {
     }
 }
 
-struct State {
-    body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
-    parser: SseParser,
-    queue: VecDeque<Result<TemplateBuildEvent, Error>>,
-    /// No more items after the queue drains.
-    finished: bool,
-    url: Url,
-}
-
-impl State {
-    fn push(&mut self, item: Result<TemplateBuildEvent, Error>) {
-        if self.finished {
-            return;
-        }
-        self.finished = item.as_ref().map_or(true, TemplateBuildEvent::is_terminal);
-        self.queue.push_back(item);
-    }
-}
-
 fn build_events(
     body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
     url: Url,
 ) -> impl Stream<Item = Result<TemplateBuildEvent, Error>> + Send + 'static {
-    let state = State {
+    crate::sse::typed_events(
         body,
-        parser: SseParser::default(),
-        queue: VecDeque::new(),
-        finished: false,
         url,
-    };
-    stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(item) = st.queue.pop_front() {
-                return Some((item, st));
-            }
-            if st.finished {
-                return None;
-            }
-            match st.body.next().await {
-                Some(Ok(chunk)) => match st.parser.push(&chunk) {
-                    Ok(events) => {
-                        for ev in events {
-                            if let Some(item) = to_build_event(ev) {
-                                st.push(item);
-                            }
-                        }
-                    }
-                    Err(e) => st.push(Err(Error::Decode(e.to_string()))),
-                },
-                Some(Err(e)) => {
-                    let err = Error::transport(&st.url, e);
-                    st.push(Err(err));
-                }
-                None => st.push(Err(Error::Decode(
-                    "the event stream ended before the build's result".into(),
-                ))),
-            }
-        }
-    })
+        to_build_event,
+        TemplateBuildEvent::is_terminal,
+        "the event stream ended before the build's result",
+    )
 }
 
 const KNOWN_EVENTS: [&str; 7] = [

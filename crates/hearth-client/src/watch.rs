@@ -1,17 +1,15 @@
 //! Directory watches: `GET .../files/watch` as a [`WatchStream`] of [`WatchEvent`]s.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures::stream::{self, BoxStream};
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use hearth_api::WatchEvent;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use reqwest::{Method, Url};
 
-use crate::sse::SseParser;
 use crate::{Client, Error};
 
 /// The events of one directory watch: `Ready` first, then changes, until the stream is dropped (which stops
@@ -63,65 +61,18 @@ impl Client {
     }
 }
 
-struct WatchState {
-    body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
-    parser: SseParser,
-    queue: VecDeque<Result<WatchEvent, Error>>,
-    finished: bool,
-    url: Url,
-}
-
-impl WatchState {
-    fn push(&mut self, item: Result<WatchEvent, Error>) {
-        if self.finished {
-            return;
-        }
-        self.finished = item.as_ref().map_or(true, WatchEvent::is_terminal);
-        self.queue.push_back(item);
-    }
-}
-
 fn watch_events(
     body: BoxStream<'static, Result<Bytes, reqwest::Error>>,
     url: Url,
 ) -> impl Stream<Item = Result<WatchEvent, Error>> + Send + 'static {
-    let state = WatchState {
+    // Events this client does not know (a newer daemon) are skipped.
+    crate::sse::typed_events(
         body,
-        parser: SseParser::default(),
-        queue: VecDeque::new(),
-        finished: false,
         url,
-    };
-    stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(item) = st.queue.pop_front() {
-                return Some((item, st));
-            }
-            if st.finished {
-                return None;
-            }
-            match st.body.next().await {
-                Some(Ok(chunk)) => match st.parser.push(&chunk) {
-                    Ok(events) => {
-                        for ev in events {
-                            // Events this client does not know (a newer daemon) are skipped.
-                            if let Ok(parsed) = serde_json::from_str::<WatchEvent>(&ev.data) {
-                                st.push(Ok(parsed));
-                            }
-                        }
-                    }
-                    Err(e) => st.push(Err(Error::Decode(e.to_string()))),
-                },
-                Some(Err(e)) => {
-                    let err = Error::transport(&st.url, e);
-                    st.push(Err(err));
-                }
-                None => st.push(Err(Error::Decode(
-                    "the watch stream ended without an end event".into(),
-                ))),
-            }
-        }
-    })
+        |ev| serde_json::from_str::<WatchEvent>(&ev.data).ok().map(Ok),
+        WatchEvent::is_terminal,
+        "the watch stream ended without an end event",
+    )
 }
 
 #[cfg(test)]
@@ -145,7 +96,7 @@ mod tests {
             )),
         ];
         let url = Url::parse("http://127.0.0.1:1/x").unwrap();
-        let got: Vec<WatchEvent> = watch_events(stream::iter(chunks).boxed(), url)
+        let got: Vec<WatchEvent> = watch_events(futures::stream::iter(chunks).boxed(), url)
             .map(|r| r.unwrap())
             .collect()
             .await;
