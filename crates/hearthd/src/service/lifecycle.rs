@@ -567,9 +567,13 @@ impl Sandboxes {
         if let Some(live) = self.take_live(id) {
             live.close().await;
         }
+        // Peers must forget it; a sandbox on no private network changes no other sandbox's rules.
+        let had_peers = self.networking().is_some() && !self.network_ids_of(id)?.is_empty();
         self.teardown(id, row.handle.as_ref()).await;
         self.db.delete(id)?;
-        self.network_gone().await;
+        if had_peers {
+            self.network_gone().await;
+        }
         self.db
             .usage_switch(id, None, now_ms(), row.vcpus, row.memory_mib)?;
         metrics::sandbox_destroyed(reason);

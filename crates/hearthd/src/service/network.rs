@@ -399,7 +399,10 @@ impl Sandboxes {
         };
         let peers = self.peers_of(id).map_err(|e| e.to_string())?;
         net.bring_up(&row, peers).await?;
-        self.refresh_peers().await.map_err(|e| e.to_string())?;
+        // Only its peers need to learn about it (every other sandbox's rules stay as they are).
+        if !plan.network_ids.is_empty() {
+            self.refresh_peers().await.map_err(|e| e.to_string())?;
+        }
         Ok(Some(
             NetAttach::for_sandbox(id).with_ipv6(net.settings.sandbox_net6.is_some()),
         ))
@@ -412,7 +415,7 @@ impl Sandboxes {
         }
     }
 
-    /// After a sandbox left: its peers forget it.
+    /// After a sandbox on private networks left: its peers forget it.
     pub(crate) async fn network_gone(&self) {
         if self.networking().is_some()
             && let Err(e) = self.refresh_peers().await
@@ -432,8 +435,11 @@ impl Sandboxes {
         };
         if net.ctx(id).is_none() || !hearth_net::netns_path(id).exists() {
             let peers = self.peers_of(id).map_err(|e| e.to_string())?;
+            let on_networks = !self.network_ids_of(id).map_err(|e| e.to_string())?.is_empty();
             net.bring_up(&row, peers).await?;
-            self.refresh_peers().await.map_err(|e| e.to_string())?;
+            if on_networks {
+                self.refresh_peers().await.map_err(|e| e.to_string())?;
+            }
         }
         Ok(Some(
             NetAttach::for_sandbox(id).with_ipv6(net.settings.sandbox_net6.is_some()),
