@@ -95,7 +95,10 @@ async fn agent_in_a_real_guest() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images.join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let spec = VmSpec {
         id: "sbx_00000000000000ab".into(),
         vcpus: 1,
@@ -299,7 +302,10 @@ async fn forks_get_fresh_clock_rng_and_identity() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let spec = test_spec(run.path(), disk.clone(), "sbx_00000000000000c1", "origin");
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = Guard {
@@ -341,7 +347,10 @@ async fn forks_get_fresh_clock_rng_and_identity() {
     let mut forks = Vec::new();
     for (i, name) in ["fork-a", "fork-b"].into_iter().enumerate() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let fdisk = vmm.prepare_disk(&ck_disk, dir.path()).await.expect("fork disk");
+        let fdisk = vmm
+            .prepare_disk(&ck_disk, hearth_vmm::DiskFormat::Qcow2, dir.path())
+            .await
+            .expect("fork disk");
         let fspec = test_spec(dir.path(), fdisk, &format!("sbx_00000000000000d{i}"), name);
         let f = vmm.restore(&fspec, &ck, &info).await.expect("restore");
         let guard = Guard {
@@ -454,7 +463,10 @@ async fn pty_in_a_real_guest() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let spec = test_spec(run.path(), disk, "sbx_00000000000000d1", "pty-test");
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = Guard {

@@ -8,6 +8,9 @@
 //! - the daemon: [`Options`] (how to start it, a builder), [`Hearthd`] (the running daemon, its address, key and
 //!   log, restarts, cleanup on drop), [`pids_mentioning`] (what it left running).
 //! - [`TestNetns`]: `ip netns add`, removed on drop.
+//! - [`hostile_disk`]: disk headers a hostile guest writes to steer the host, and a watched canary host file.
+
+pub mod hostile_disk;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

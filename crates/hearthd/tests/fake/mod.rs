@@ -127,7 +127,12 @@ impl Vmm for FakeVmm {
     fn version(&self) -> String {
         "fake 1".into()
     }
-    async fn prepare_disk(&self, _base: &Path, dest_dir: &Path) -> Result<PathBuf, VmmError> {
+    async fn prepare_disk(
+        &self,
+        _base: &Path,
+        _format: hearth_vmm::DiskFormat,
+        dest_dir: &Path,
+    ) -> Result<PathBuf, VmmError> {
         let disk = dest_dir.join("disk.qcow2");
         std::fs::write(&disk, b"").map_err(|source| VmmError::Io {
             path: disk.clone(),
@@ -223,6 +228,8 @@ impl Vmm for FakeVmm {
             kind: VmmKind::Qemu,
             vmm_version: "fake 1".into(),
             files,
+            // Its disk copy holds plain bytes (the real QEMU driver writes qcow2).
+            disk_format: disk.as_ref().map(|_| hearth_vmm::DiskFormat::Raw),
             disk,
             memory_mib: 512,
             vcpus: 1,
