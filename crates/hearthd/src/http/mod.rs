@@ -227,19 +227,19 @@ async fn count_requests(req: Request, next: Next) -> Response {
         .get::<MatchedPath>()
         .map_or("unmatched", |m| m.as_str())
         .to_string();
-    let method = req.method().as_str().to_string();
+    let method = req.method().clone();
     let resp = next.run(req).await;
-    crate::metrics::http_request(route, method, resp.status().as_u16());
+    crate::metrics::http_request(route, method.as_str(), resp.status().as_u16());
     resp
 }
 
 async fn unknown_route(method: axum::http::Method) -> ApiError {
-    crate::metrics::http_request("unmatched".into(), method.as_str().to_string(), 404);
+    crate::metrics::http_request("unmatched".into(), method.as_str(), 404);
     ApiError::new(ErrorCode::UnknownRoute, "no such route")
 }
 
 async fn method_not_allowed(method: axum::http::Method) -> ApiError {
-    crate::metrics::http_request("unmatched".into(), method.as_str().to_string(), 405);
+    crate::metrics::http_request("unmatched".into(), method.as_str(), 405);
     ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this route")
 }
 
