@@ -3,7 +3,8 @@
 //! whose initramfs carries the agent built by `images/build-agent.sh`; a missing image fails the test.
 //!
 //! Covered: system set-up by PID 1 (hostname from the kernel command line, mounts, `lo`, SIGTERM ignored,
-//! orphans reaped), rapid reconnects (each a new session on the same port, nothing lost), a host that
+//! orphans reaped), rapid reconnects (each a new session on the same port, nothing lost, the agent idle
+//! afterwards), a host that
 //! vanishes mid-stream, processes and output tails surviving reconnects, timeouts killing process groups.
 
 use std::path::PathBuf;
@@ -228,6 +229,17 @@ async fn agent_in_a_real_guest() {
     let c = connect(&vmm, &vm, Duration::from_secs(20))
         .await
         .expect("reconnect");
+
+    // After all those hang-ups the idle agent waits for the host instead of retrying reads: a virtio port that
+    // saw its host go away stays "closed" to the reactor, and retrying would-block reads then spun PID 1 at
+    // full CPU (hundreds of thousands of reads a second), starving every program in the guest.
+    let reads = out(
+        &c,
+        "a=$(sed -n 's/^syscr: //p' /proc/1/io); sleep 3; b=$(sed -n 's/^syscr: //p' /proc/1/io); echo $((b-a))",
+    )
+    .await;
+    let reads: u64 = reads.parse().expect("a number of reads");
+    assert!(reads < 1000, "the idle agent made {reads} read calls in 3 s");
     let procs = c.list_processes().await.expect("list");
     assert!(procs.iter().any(|p| p.pid == bg && p.exit.is_none()), "{procs:?}");
     let exit = tokio::time::timeout(Duration::from_secs(60), c.wait_process(fg_pid))
