@@ -101,6 +101,7 @@ impl Fixture {
             paths,
             default_template: "minimal".into(),
             ready_timeout: Duration::from_secs(5),
+            agent_unresponsive: Duration::from_secs(3),
         };
         let info = VmmInfo {
             reason: "test".into(),
