@@ -8,6 +8,9 @@
 //! - the daemon: [`Options`] (how to start it, a builder), [`Hearthd`] (the running daemon, its address, key and
 //!   log, restarts, cleanup on drop), [`pids_mentioning`] (what it left running).
 //! - [`TestNetns`]: `ip netns add`, removed on drop.
+//! - [`s3`]: real S3-compatible servers (s3s-fs, moto) on 127.0.0.1 for object-storage tests.
+
+pub mod s3;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
