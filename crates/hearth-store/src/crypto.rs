@@ -100,6 +100,14 @@ impl Codec {
         }
     }
 
+    /// The size of the stored form of a chunk of `len` plaintext bytes.
+    pub(crate) fn stored_len(&self, len: usize) -> u64 {
+        match self {
+            Codec::Plain => len as u64,
+            Codec::Sealed { .. } => (MAGIC.len() + NONCE_LEN + len + TAG_LEN) as u64,
+        }
+    }
+
     /// Checks and opens a stored chunk: authentication (when sealed), length and digest.
     pub(crate) fn decode_chunk(
         &self,
@@ -212,7 +220,7 @@ mod tests {
         assert_ne!(id, Codec::new(None).chunk_id(&data), "keyed ids differ from plain SHA-256");
         assert_ne!(id, b.chunk_id(&data), "ids depend on the key");
         let sealed = a.encode_chunk(&id, data.clone());
-        assert_eq!(sealed.len(), 4 + 24 + 4096 + 16);
+        assert_eq!(sealed.len() as u64, a.stored_len(4096));
         assert_ne!(a.encode_chunk(&id, data.clone()), sealed, "a fresh nonce each time");
         assert!(!sealed.windows(64).any(|w| w == &data[..64]), "no plaintext in the sealed chunk");
         assert_eq!(a.decode_chunk(&id, sealed.clone(), 4096).as_deref(), Ok(&data[..]));

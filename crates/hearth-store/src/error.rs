@@ -169,6 +169,9 @@ pub enum ConfigError {
 /// The step of [`crate::probe`] that failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeStep {
+    /// Listing the probe prefix before writing: the bucket exists and can be listed (some servers create a
+    /// missing bucket on the first write instead of refusing it).
+    Bucket,
     /// Writing the probe object.
     Write,
     /// Reading it back (and comparing).

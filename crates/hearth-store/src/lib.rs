@@ -143,6 +143,9 @@ impl Store {
 
     async fn check_marker(&self) -> Result<(), StoreError> {
         let (remote, codec) = (&self.inner.remote, &self.inner.codec);
+        // A LIST first: some servers answer a GET in a missing bucket with "no such key" and create the
+        // bucket on the first PUT, which would hide a wrong bucket name.
+        remote.list(&remote.prefix_path("probe")).await?;
         let key = remote.marker_key();
         let stored = match remote.get(&key).await? {
             Some(b) => b,

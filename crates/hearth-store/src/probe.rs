@@ -1,4 +1,5 @@
-//! The start-up probe: write, read back, list and delete one small object under the prefix, with few retries so
+//! The start-up probe: list the probe prefix (is there a bucket?), then write, read back, list and delete one
+//! small object under the prefix, with few retries so
 //! a dead endpoint is reported in seconds, and say which step failed and why.
 
 use std::sync::Arc;
@@ -27,6 +28,8 @@ pub async fn probe(config: &StoreConfig) -> Result<(), ProbeError> {
     let body = Bytes::from(format!("hearth-store probe {token}\n"));
     let at = |step| move |source| ProbeError { step, source };
 
+    let probe_prefix = remote.prefix_path("probe");
+    remote.list(&probe_prefix).await.map_err(at(ProbeStep::Bucket))?;
     remote.put(&key, body.clone()).await.map_err(at(ProbeStep::Write))?;
     let read = remote.get(&key).await.map_err(at(ProbeStep::Read))?;
     if read.as_ref() != Some(&body) {
@@ -40,7 +43,7 @@ pub async fn probe(config: &StoreConfig) -> Result<(), ProbeError> {
             },
         });
     }
-    let listed = remote.list(&remote.prefix_path("probe")).await.map_err(at(ProbeStep::List))?;
+    let listed = remote.list(&probe_prefix).await.map_err(at(ProbeStep::List))?;
     if !listed.iter().any(|m| m.location == key) {
         return Err(ProbeError {
             step: ProbeStep::List,

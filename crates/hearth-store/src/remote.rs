@@ -240,7 +240,9 @@ pub(crate) fn classify(e: &object_store::Error) -> (RemoteErrorKind, String) {
     let by_code = code.as_deref().and_then(|c| match c {
         "NoSuchBucket" => Some(RemoteErrorKind::NoSuchBucket),
         "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "InvalidToken" | "ExpiredToken"
-        | "AllAccessDisabled" | "AccountProblem" | "InvalidSecurity" => Some(RemoteErrorKind::AccessDenied),
+        | "AllAccessDisabled" | "AccountProblem" | "InvalidSecurity" | "NotSignedUp" | "InvalidClientTokenId" => {
+            Some(RemoteErrorKind::AccessDenied)
+        }
         "RequestTimeTooSkewed" => Some(RemoteErrorKind::ClockSkew),
         "SlowDown" | "InternalError" | "ServiceUnavailable" | "RequestTimeout" => Some(RemoteErrorKind::Unavailable),
         _ => None,

@@ -199,7 +199,9 @@ impl Store {
         }
         let remote = &self.inner.remote;
         let key = remote.chunk_key(&id);
-        if remote.head(&key).await?.is_some() {
+        // A chunk of the wrong size (a server that kept a partial write) counts as missing and is rewritten.
+        let stored_len = self.inner.codec.stored_len(data.len());
+        if remote.head(&key).await?.is_some_and(|meta| meta.size == stored_len) {
             self.inner.pins.mark_known(id);
             return Ok(Outcome::Hit);
         }
