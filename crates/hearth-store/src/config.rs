@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 
-/// Default chunk size (1 MiB): see the crate README for the measurement behind it.
-pub const DEFAULT_CHUNK_SIZE: usize = 1 << 20;
+/// Default chunk size (256 KiB): see the crate README for the measurement behind it.
+pub const DEFAULT_CHUNK_SIZE: usize = 256 << 10;
 
 /// A string that must never be printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -121,7 +121,10 @@ impl StoreConfig {
     }
 
     /// [`StoreConfig::from_url`] with an explicit environment (for tests and embedding).
-    pub fn from_url_with_env(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<StoreConfig, ConfigError> {
+    pub fn from_url_with_env(
+        url: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<StoreConfig, ConfigError> {
         let (bucket, prefix) = parse_url(url)?;
         let env = |name: &str| env(name).filter(|v| !v.is_empty());
         let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".to_owned());
@@ -163,7 +166,7 @@ impl StoreConfig {
             credentials,
             key: None,
             chunk_size: DEFAULT_CHUNK_SIZE,
-            concurrency: 16,
+            concurrency: 32,
             max_retries: 6,
             retry_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(60),
@@ -199,10 +202,14 @@ fn parse_url(url: &str) -> Result<(String, String), ConfigError> {
         url: url.chars().take(200).collect(),
         reason,
     };
-    let rest = url.strip_prefix("s3://").ok_or_else(|| bad("expected s3://BUCKET[/PREFIX]"))?;
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| bad("expected s3://BUCKET[/PREFIX]"))?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     let bucket_ok = (3..=63).contains(&bucket.len())
-        && bucket.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
+        && bucket
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
         && !bucket.starts_with(['-', '.'])
         && !bucket.ends_with(['-', '.']);
     if !bucket_ok {
@@ -210,7 +217,9 @@ fn parse_url(url: &str) -> Result<(String, String), ConfigError> {
     }
     let prefix = prefix.trim_end_matches('/');
     if !prefix.is_empty() && crate::ObjectName::new(prefix).is_err() {
-        return Err(bad("the prefix follows the object name rules: a-z 0-9 _ - . / without '..'"));
+        return Err(bad(
+            "the prefix follows the object name rules: a-z 0-9 _ - . / without '..'",
+        ));
     }
     Ok((bucket.to_owned(), prefix.to_owned()))
 }
@@ -242,8 +251,10 @@ fn credentials(
         path: path.clone(),
     };
     let mut section = sections.remove(profile).ok_or_else(no_profile)?;
-    let (Some(id), Some(secret)) = (section.remove("aws_access_key_id"), section.remove("aws_secret_access_key"))
-    else {
+    let (Some(id), Some(secret)) = (
+        section.remove("aws_access_key_id"),
+        section.remove("aws_secret_access_key"),
+    ) else {
         return Err(no_profile());
     };
     Ok(Credentials {
@@ -279,7 +290,10 @@ mod tests {
     use super::*;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
-        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -293,13 +307,22 @@ mod tests {
             ("AWS_SESSION_TOKEN", "token-value"),
         ]);
         let c = StoreConfig::from_url_with_env("s3://my-bucket/hearth/prod/", env).expect("config");
-        assert_eq!((c.bucket.as_str(), c.prefix.as_str()), ("my-bucket", "hearth/prod"));
+        assert_eq!(
+            (c.bucket.as_str(), c.prefix.as_str()),
+            ("my-bucket", "hearth/prod")
+        );
         assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert_eq!(c.region, "eu-west-3");
         assert!(c.path_style && c.allow_http);
         let debug = format!("{c:?}");
-        assert!(!debug.contains("very-secret-value") && !debug.contains("token-value"), "{debug}");
-        assert_eq!(c.scrub("sig very-secret-value by AKIDEXAMPLE"), "sig <redacted> by <redacted>");
+        assert!(
+            !debug.contains("very-secret-value") && !debug.contains("token-value"),
+            "{debug}"
+        );
+        assert_eq!(
+            c.scrub("sig very-secret-value by AKIDEXAMPLE"),
+            "sig <redacted> by <redacted>"
+        );
     }
 
     #[test]
@@ -308,7 +331,14 @@ mod tests {
         let c = StoreConfig::from_url_with_env("s3://bucket", &env).expect("config");
         assert!(c.prefix.is_empty() && c.endpoint.is_none() && !c.path_style && !c.allow_http);
         assert_eq!(c.region, "us-east-1");
-        for bad in ["http://bucket/x", "s3://", "s3://B", "s3://ab", "s3://bucket/../x", "s3://bucket/a//b"] {
+        for bad in [
+            "http://bucket/x",
+            "s3://",
+            "s3://B",
+            "s3://ab",
+            "s3://bucket/../x",
+            "s3://bucket/a//b",
+        ] {
             assert!(StoreConfig::from_url_with_env(bad, &env).is_err(), "{bad}");
         }
         let e = env_of(&[("AWS_ENDPOINT_URL", "ftp://x")]);
@@ -329,17 +359,31 @@ mod tests {
         )
         .expect("write");
         let config = dir.path().join("config");
-        std::fs::write(&config, "[profile work]\nregion = auto\nendpoint_url = https://acc.r2.example\n").expect("w");
+        std::fs::write(
+            &config,
+            "[profile work]\nregion = auto\nendpoint_url = https://acc.r2.example\n",
+        )
+        .expect("w");
         let file = creds.to_str().expect("utf8");
         let cfg = config.to_str().expect("utf8");
         let env = env_of(&[("AWS_SHARED_CREDENTIALS_FILE", file), ("AWS_CONFIG_FILE", cfg)]);
         let c = StoreConfig::from_url_with_env("s3://bucket", env).expect("default");
         assert_eq!(c.credentials.access_key_id, "D");
-        let env = env_of(&[("AWS_SHARED_CREDENTIALS_FILE", file), ("AWS_CONFIG_FILE", cfg), ("AWS_PROFILE", "work")]);
+        let env = env_of(&[
+            ("AWS_SHARED_CREDENTIALS_FILE", file),
+            ("AWS_CONFIG_FILE", cfg),
+            ("AWS_PROFILE", "work"),
+        ]);
         let c = StoreConfig::from_url_with_env("s3://bucket", env).expect("work");
         assert_eq!(c.credentials.secret_access_key.expose(), "wsecret");
-        assert_eq!(c.credentials.session_token.as_ref().map(Secret::expose), Some("wtoken"));
-        assert_eq!((c.region.as_str(), c.endpoint.as_deref()), ("auto", Some("https://acc.r2.example")));
+        assert_eq!(
+            c.credentials.session_token.as_ref().map(Secret::expose),
+            Some("wtoken")
+        );
+        assert_eq!(
+            (c.region.as_str(), c.endpoint.as_deref()),
+            ("auto", Some("https://acc.r2.example"))
+        );
         assert!(c.path_style && !c.allow_http);
         let env = env_of(&[("AWS_SHARED_CREDENTIALS_FILE", file), ("AWS_PROFILE", "nope")]);
         assert!(matches!(
@@ -364,7 +408,10 @@ mod tests {
         assert_eq!(StoreKey::from_file(&raw).expect("raw").0, [7; 32]);
         let short = dir.path().join("short");
         std::fs::write(&short, "abcd").expect("write");
-        assert!(matches!(StoreKey::from_file(&short), Err(ConfigError::BadKeyFile(_))));
+        assert!(matches!(
+            StoreKey::from_file(&short),
+            Err(ConfigError::BadKeyFile(_))
+        ));
         assert_eq!(format!("{:?}", StoreKey([1; 32])), "StoreKey(<redacted>)");
     }
 }

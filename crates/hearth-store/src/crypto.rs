@@ -58,7 +58,10 @@ impl fmt::Debug for ChunkId {
 /// Hashing and sealing for one store: plaintext, or keyed and encrypted.
 pub(crate) enum Codec {
     Plain,
-    Sealed { id_key: [u8; 32], aead: Box<XChaCha20Poly1305> },
+    Sealed {
+        id_key: [u8; 32],
+        aead: Box<XChaCha20Poly1305>,
+    },
 }
 
 impl Codec {
@@ -85,7 +88,8 @@ impl Codec {
         match self {
             Codec::Plain => ChunkId(Sha256::digest(data).into()),
             Codec::Sealed { id_key, .. } => {
-                let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(id_key).expect("HMAC takes any key length");
+                let mut mac =
+                    <Hmac<Sha256> as Mac>::new_from_slice(id_key).expect("HMAC takes any key length");
                 mac.update(data);
                 ChunkId(mac.finalize().into_bytes().into())
             }
@@ -117,7 +121,9 @@ impl Codec {
     ) -> Result<bytes::Bytes, &'static str> {
         let plain = match self {
             Codec::Plain => stored,
-            Codec::Sealed { aead, .. } => open(aead, &chunk_aad(id), &stored).ok_or("authentication failed")?.into(),
+            Codec::Sealed { aead, .. } => open(aead, &chunk_aad(id), &stored)
+                .ok_or("authentication failed")?
+                .into(),
         };
         if plain.len() != expected_len {
             return Err("wrong length");
@@ -140,7 +146,9 @@ impl Codec {
         match self {
             Codec::Plain if stored.starts_with(MAGIC) => Err("encrypted, but the store has no key"),
             Codec::Plain => Ok(stored.to_vec()),
-            Codec::Sealed { aead, .. } => open(aead, &manifest_aad(name), stored).ok_or("authentication failed"),
+            Codec::Sealed { aead, .. } => {
+                open(aead, &manifest_aad(name), stored).ok_or("authentication failed")
+            }
         }
     }
 
@@ -155,7 +163,9 @@ impl Codec {
     pub(crate) fn verify_key_check(&self, sealed: &[u8]) -> bool {
         match self {
             Codec::Plain => false,
-            Codec::Sealed { aead, .. } => open(aead, KEY_CHECK_AAD, sealed).is_some_and(|p| p == KEY_CHECK_PLAINTEXT),
+            Codec::Sealed { aead, .. } => {
+                open(aead, KEY_CHECK_AAD, sealed).is_some_and(|p| p == KEY_CHECK_PLAINTEXT)
+            }
         }
     }
 }
@@ -191,7 +201,8 @@ fn open(aead: &XChaCha20Poly1305, aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> 
         return None;
     }
     let (nonce, ciphertext) = sealed[MAGIC.len()..].split_at(NONCE_LEN);
-    aead.decrypt(XNonce::from_slice(nonce), Payload { msg: ciphertext, aad }).ok()
+    aead.decrypt(XNonce::from_slice(nonce), Payload { msg: ciphertext, aad })
+        .ok()
 }
 
 #[cfg(test)]
@@ -202,12 +213,18 @@ mod tests {
     fn plain_ids_are_sha256() {
         let c = Codec::new(None);
         let id = c.chunk_id(b"abc");
-        assert_eq!(id.to_hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            id.to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert_eq!(ChunkId::parse(&id.to_hex()), Some(id));
         assert_eq!(ChunkId::parse(&id.to_hex().to_uppercase()), None);
         let data = bytes::Bytes::from_static(b"abc");
         assert!(c.decode_chunk(&id, data.clone(), 3).is_ok());
-        assert_eq!(c.decode_chunk(&id, bytes::Bytes::from_static(b"abd"), 3), Err("digest mismatch"));
+        assert_eq!(
+            c.decode_chunk(&id, bytes::Bytes::from_static(b"abd"), 3),
+            Err("digest mismatch")
+        );
         assert_eq!(c.decode_chunk(&id, data, 4), Err("wrong length"));
     }
 
@@ -217,19 +234,43 @@ mod tests {
         let b = Codec::new(Some(&StoreKey([2; 32])));
         let data = bytes::Bytes::from(vec![7u8; 4096]);
         let id = a.chunk_id(&data);
-        assert_ne!(id, Codec::new(None).chunk_id(&data), "keyed ids differ from plain SHA-256");
+        assert_ne!(
+            id,
+            Codec::new(None).chunk_id(&data),
+            "keyed ids differ from plain SHA-256"
+        );
         assert_ne!(id, b.chunk_id(&data), "ids depend on the key");
         let sealed = a.encode_chunk(&id, data.clone());
         assert_eq!(sealed.len() as u64, a.stored_len(4096));
-        assert_ne!(a.encode_chunk(&id, data.clone()), sealed, "a fresh nonce each time");
-        assert!(!sealed.windows(64).any(|w| w == &data[..64]), "no plaintext in the sealed chunk");
-        assert_eq!(a.decode_chunk(&id, sealed.clone(), 4096).as_deref(), Ok(&data[..]));
-        assert_eq!(b.decode_chunk(&id, sealed.clone(), 4096), Err("authentication failed"));
+        assert_ne!(
+            a.encode_chunk(&id, data.clone()),
+            sealed,
+            "a fresh nonce each time"
+        );
+        assert!(
+            !sealed.windows(64).any(|w| w == &data[..64]),
+            "no plaintext in the sealed chunk"
+        );
+        assert_eq!(
+            a.decode_chunk(&id, sealed.clone(), 4096).as_deref(),
+            Ok(&data[..])
+        );
+        assert_eq!(
+            b.decode_chunk(&id, sealed.clone(), 4096),
+            Err("authentication failed")
+        );
         let mut flipped = sealed.to_vec();
         flipped[100] ^= 1;
-        assert_eq!(a.decode_chunk(&id, flipped.into(), 4096), Err("authentication failed"));
+        assert_eq!(
+            a.decode_chunk(&id, flipped.into(), 4096),
+            Err("authentication failed")
+        );
         let other = a.chunk_id(b"x");
-        assert_eq!(a.decode_chunk(&other, sealed, 4096), Err("authentication failed"), "bound to its id");
+        assert_eq!(
+            a.decode_chunk(&other, sealed, 4096),
+            Err("authentication failed"),
+            "bound to its id"
+        );
 
         let m = a.encode_manifest("obj", b"{}".to_vec());
         assert_eq!(a.decode_manifest("obj", &m), Ok(b"{}".to_vec()));

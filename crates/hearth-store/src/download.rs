@@ -62,7 +62,9 @@ impl Store {
             let (dir, manifest) = (staging.dir.clone(), manifest.clone());
             blocking(move || create_files(&dir, &manifest)).await?
         };
-        let stats = self.fetch_chunks(&name, &manifest, &files, &staging.dir, progress).await?;
+        let stats = self
+            .fetch_chunks(&name, &manifest, &files, &staging.dir, progress)
+            .await?;
         let dir = staging.dir.clone();
         let dest_owned = dest.to_owned();
         blocking(move || {
@@ -71,9 +73,15 @@ impl Store {
             }
             sync_dir(&dir)?;
             // RENAME_NOREPLACE: never replace a destination that appeared meanwhile.
-            renameat2(AT_FDCWD, &dir, AT_FDCWD, &dest_owned, RenameFlags::RENAME_NOREPLACE)
-                .map_err(|e| StoreError::io(&dest_owned, e.into()))?;
-            sync_dir(dest_owned.parent().unwrap_or(Path::new(".")))
+            renameat2(
+                AT_FDCWD,
+                &dir,
+                AT_FDCWD,
+                &dest_owned,
+                RenameFlags::RENAME_NOREPLACE,
+            )
+            .map_err(|e| StoreError::io(&dest_owned, e.into()))?;
+            sync_dir(parent_of(&dest_owned))
         })
         .await?;
         staging.disarm();
@@ -132,15 +140,22 @@ impl Store {
         Ok(stats)
     }
 
-    async fn fetch_one(&self, name: &ObjectName, job: Job, files: &Arc<Vec<File>>, dir: &Path) -> Result<usize, StoreError> {
+    async fn fetch_one(
+        &self,
+        name: &ObjectName,
+        job: Job,
+        files: &Arc<Vec<File>>,
+        dir: &Path,
+    ) -> Result<usize, StoreError> {
         let remote = &self.inner.remote;
-        let stored = remote
-            .get(&remote.chunk_key(&job.id))
-            .await?
-            .ok_or_else(|| StoreError::ChunkMissing {
-                object: name.to_string(),
-                chunk: job.id.to_hex(),
-            })?;
+        let stored =
+            remote
+                .get(&remote.chunk_key(&job.id))
+                .await?
+                .ok_or_else(|| StoreError::ChunkMissing {
+                    object: name.to_string(),
+                    chunk: job.id.to_hex(),
+                })?;
         let (inner, files, dir) = (self.inner.clone(), files.clone(), dir.to_owned());
         let object = name.to_string();
         blocking(move || {
@@ -182,7 +197,8 @@ fn write_sparse(file: &File, offset: u64, data: &[u8]) -> std::io::Result<()> {
     let mut start = 0;
     while start < data.len() {
         // Skip zero pages, then write the following run of non-zero pages in one call.
-        while start < data.len() && crate::upload::is_zero(&data[start..(start + HOLE_BLOCK).min(data.len())]) {
+        while start < data.len() && crate::upload::is_zero(&data[start..(start + HOLE_BLOCK).min(data.len())])
+        {
             start += HOLE_BLOCK;
         }
         let mut end = start;
@@ -198,14 +214,25 @@ fn write_sparse(file: &File, offset: u64, data: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The directory holding `path` (`.` for a bare relative name).
+fn parent_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StoreError::io(dir, e))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(dir, e))
 }
 
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f).await.expect("file work does not panic")
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("file work does not panic")
 }
 
 /// The temporary directory a download fills, beside the destination; removed on drop unless disarmed.
@@ -216,10 +243,15 @@ struct Staging {
 
 impl Staging {
     async fn create(dest: &Path) -> Result<Staging, StoreError> {
-        let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let leaf = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let parent = parent_of(dest);
+        let leaf = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let dir = parent.join(format!(".{leaf}.partial-{:016x}", rand::random::<u64>()));
-        tokio::fs::create_dir(&dir).await.map_err(|e| StoreError::io(&dir, e))?;
+        tokio::fs::create_dir(&dir)
+            .await
+            .map_err(|e| StoreError::io(&dir, e))?;
         Ok(Staging { dir, armed: true })
     }
 

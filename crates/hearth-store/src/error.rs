@@ -51,7 +51,10 @@ pub struct RemoteError {
 impl RemoteError {
     /// Whether trying again later may succeed (outage, 5xx, timeouts).
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind, RemoteErrorKind::Unreachable | RemoteErrorKind::Unavailable)
+        matches!(
+            self.kind,
+            RemoteErrorKind::Unreachable | RemoteErrorKind::Unavailable
+        )
     }
 }
 

@@ -63,7 +63,13 @@ impl Store {
         // From here on, chunks unpinned by committing uploads stay protected until the pass ends.
         let _pass = self.inner.pins.gc_begin();
         let manifests = remote.list_manifests(None).await?;
-        let referenced = self.referenced(manifests.iter().filter_map(|m| remote.name_of_manifest(&m.location))).await?;
+        let referenced = self
+            .referenced(
+                manifests
+                    .iter()
+                    .filter_map(|m| remote.name_of_manifest(&m.location)),
+            )
+            .await?;
         let mut report = GcReport {
             objects: manifests.len(),
             chunks: chunks.len(),

@@ -164,16 +164,24 @@ impl Store {
                 remote.get(&key).await?.unwrap_or_else(|| Bytes::from(json))
             }
         };
-        let marker: Marker = serde_json::from_slice(&stored).map_err(|e| StoreError::BadMarker(e.to_string()))?;
+        let marker: Marker =
+            serde_json::from_slice(&stored).map_err(|e| StoreError::BadMarker(e.to_string()))?;
         if marker.format != FORMAT || marker.version != 1 {
-            return Err(StoreError::BadMarker(format!("format {} version {}", marker.format, marker.version)));
+            return Err(StoreError::BadMarker(format!(
+                "format {} version {}",
+                marker.format, marker.version
+            )));
         }
         match (marker.encryption.as_str(), codec.encrypted()) {
             ("none", false) => Ok(()),
             ("none", true) => Err(StoreError::NotEncrypted),
             (ENCRYPTION, false) => Err(StoreError::KeyRequired),
             (ENCRYPTION, true) => {
-                let check = marker.key_check.as_deref().and_then(|h| hex::decode(h).ok()).unwrap_or_default();
+                let check = marker
+                    .key_check
+                    .as_deref()
+                    .and_then(|h| hex::decode(h).ok())
+                    .unwrap_or_default();
                 if codec.verify_key_check(&check) {
                     Ok(())
                 } else {

@@ -67,7 +67,10 @@ impl Manifest {
                 return Err(corrupt(format!("file {} listed twice", f.name)));
             }
             if f.chunks.len() as u64 != f.size.div_ceil(self.chunk_size) {
-                return Err(corrupt(format!("file {}: chunk count does not match its size", f.name)));
+                return Err(corrupt(format!(
+                    "file {}: chunk count does not match its size",
+                    f.name
+                )));
             }
             if f.chunks.iter().flatten().any(|c| ChunkId::parse(c).is_none()) {
                 return Err(corrupt(format!("file {}: malformed chunk id", f.name)));
@@ -119,12 +122,18 @@ mod tests {
         assert!(bad.validate("a/b").is_err());
         let mut bad = sample();
         bad.files[0].name = "../etc".into();
-        assert!(matches!(bad.validate("a/b"), Err(StoreError::InvalidFileName { .. })));
+        assert!(matches!(
+            bad.validate("a/b"),
+            Err(StoreError::InvalidFileName { .. })
+        ));
         let mut bad = sample();
         bad.files[0].chunks[0] = Some("zz".into());
         assert!(bad.validate("a/b").is_err());
         let json = serde_json::to_string(&m).expect("json");
         assert_eq!(serde_json::from_str::<Manifest>(&json).expect("parse"), m);
-        assert!(serde_json::from_str::<Manifest>(&json.replace("\"version\"", "\"extra\":1,\"version\"")).is_err());
+        assert!(
+            serde_json::from_str::<Manifest>(&json.replace("\"version\"", "\"extra\":1,\"version\""))
+                .is_err()
+        );
     }
 }

@@ -25,7 +25,10 @@ impl ObjectName {
         if name.is_empty() || name.len() > MAX_NAME_LEN {
             return Err(bad("must be 1 to 512 bytes long"));
         }
-        if !name.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'/' | b'.')) {
+        if !name
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'/' | b'.'))
+        {
             return Err(bad("only a-z, 0-9, '_', '-', '.' and '/' are allowed"));
         }
         if name.contains("..") {
@@ -55,7 +58,9 @@ impl fmt::Display for ObjectName {
 pub fn check_file_name(object: &str, name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_FILE_NAME_LEN
-        && name.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.'))
+        && name
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.'))
         && !name.contains("..")
         && name != ".";
     if ok {
@@ -88,7 +93,8 @@ mod tests {
         }
         let long = "a".repeat(513);
         for bad in [
-            "", "/a", "a/", "a//b", "../a", "a/../b", "a/./b", ".", "a..b", "A", "a b", "a\0b", "é", "a\\b", &long,
+            "", "/a", "a/", "a//b", "../a", "a/../b", "a/./b", ".", "a..b", "A", "a b", "a\0b", "é", "a\\b",
+            &long,
         ] {
             assert!(ObjectName::new(bad).is_err(), "{bad:?}");
         }

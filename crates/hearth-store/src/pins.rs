@@ -177,7 +177,10 @@ mod tests {
             })
         };
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        assert!(!waiter.is_finished(), "a pin waits while the chunk is being deleted");
+        assert!(
+            !waiter.is_finished(),
+            "a pin waits while the chunk is being deleted"
+        );
         pins.release_delete(&a);
         let (known, _guard) = waiter.await.expect("join");
         assert!(!known, "a deleted chunk is no longer known");
@@ -194,6 +197,9 @@ mod tests {
         drop(guard); // the upload commits its manifest after the pass listed the manifests
         assert!(!pins.claim_for_delete(a));
         drop(pass);
-        assert!(pins.claim_for_delete(a), "the next pass sees the manifest, so the claim is safe to ask for");
+        assert!(
+            pins.claim_for_delete(a),
+            "the next pass sees the manifest, so the claim is safe to ask for"
+        );
     }
 }

@@ -30,7 +30,10 @@ pub async fn probe(config: &StoreConfig) -> Result<(), ProbeError> {
 
     let probe_prefix = remote.prefix_path("probe");
     remote.list(&probe_prefix).await.map_err(at(ProbeStep::Bucket))?;
-    remote.put(&key, body.clone()).await.map_err(at(ProbeStep::Write))?;
+    remote
+        .put(&key, body.clone())
+        .await
+        .map_err(at(ProbeStep::Write))?;
     let read = remote.get(&key).await.map_err(at(ProbeStep::Read))?;
     if read.as_ref() != Some(&body) {
         return Err(ProbeError {

@@ -133,7 +133,9 @@ impl Remote {
         let opts = PutOptions::from(PutMode::Create);
         match self.store.put_opts(key, PutPayload::from_bytes(body), opts).await {
             Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(false),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => {
+                Ok(false)
+            }
             Err(e) => Err(self.error("PUT", key, &e)),
         }
     }
@@ -145,7 +147,11 @@ impl Remote {
             Err(e) if is_not_found(&e) => return Ok(None),
             Err(e) => return Err(self.error("GET", key, &e)),
         };
-        result.bytes().await.map(Some).map_err(|e| self.error("GET", key, &e))
+        result
+            .bytes()
+            .await
+            .map(Some)
+            .map_err(|e| self.error("GET", key, &e))
     }
 
     /// HEAD; `Ok(None)` when the key does not exist.
@@ -169,7 +175,10 @@ impl Remote {
     /// Every key under `prefix` (recursively).
     pub(crate) async fn list(&self, prefix: &Path) -> Result<Vec<ObjectMeta>, RemoteError> {
         let stream = self.store.list(Some(prefix));
-        stream.try_collect().await.map_err(|e| self.error("LIST", prefix, &e))
+        stream
+            .try_collect()
+            .await
+            .map_err(|e| self.error("LIST", prefix, &e))
     }
 
     /// Every chunk in the bucket.
@@ -189,13 +198,19 @@ impl Remote {
     }
 
     /// Every committed object's name under `within` (a name prefix matched by whole segments; `None` for all).
-    pub(crate) async fn list_manifests(&self, within: Option<&ObjectName>) -> Result<Vec<ObjectMeta>, RemoteError> {
+    pub(crate) async fn list_manifests(
+        &self,
+        within: Option<&ObjectName>,
+    ) -> Result<Vec<ObjectMeta>, RemoteError> {
         let prefix = match within {
             Some(p) => self.key(&format!("manifests/{p}")),
             None => self.key("manifests"),
         };
         let listed = self.list(&prefix).await?;
-        Ok(listed.into_iter().filter(|m| self.name_of_manifest(&m.location).is_some()).collect())
+        Ok(listed
+            .into_iter()
+            .filter(|m| self.name_of_manifest(&m.location).is_some())
+            .collect())
     }
 
     fn error(&self, op: &'static str, key: &Path, e: &object_store::Error) -> RemoteError {
@@ -239,12 +254,20 @@ pub(crate) fn classify(e: &object_store::Error) -> (RemoteErrorKind, String) {
     };
     let by_code = code.as_deref().and_then(|c| match c {
         "NoSuchBucket" => Some(RemoteErrorKind::NoSuchBucket),
-        "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "InvalidToken" | "ExpiredToken"
-        | "AllAccessDisabled" | "AccountProblem" | "InvalidSecurity" | "NotSignedUp" | "InvalidClientTokenId" => {
-            Some(RemoteErrorKind::AccessDenied)
-        }
+        "AccessDenied"
+        | "InvalidAccessKeyId"
+        | "SignatureDoesNotMatch"
+        | "InvalidToken"
+        | "ExpiredToken"
+        | "AllAccessDisabled"
+        | "AccountProblem"
+        | "InvalidSecurity"
+        | "NotSignedUp"
+        | "InvalidClientTokenId" => Some(RemoteErrorKind::AccessDenied),
         "RequestTimeTooSkewed" => Some(RemoteErrorKind::ClockSkew),
-        "SlowDown" | "InternalError" | "ServiceUnavailable" | "RequestTimeout" => Some(RemoteErrorKind::Unavailable),
+        "SlowDown" | "InternalError" | "ServiceUnavailable" | "RequestTimeout" => {
+            Some(RemoteErrorKind::Unavailable)
+        }
         _ => None,
     });
     if let Some(kind) = by_code {
@@ -255,7 +278,9 @@ pub(crate) fn classify(e: &object_store::Error) -> (RemoteErrorKind, String) {
             RemoteErrorKind::AccessDenied
         }
         _ if http_error(e).is_some() => RemoteErrorKind::Unreachable,
-        _ if text.contains("Server returned non-2xx status code: 5") || text.contains("error response: 5") => {
+        _ if text.contains("Server returned non-2xx status code: 5")
+            || text.contains("error response: 5") =>
+        {
             RemoteErrorKind::Unavailable
         }
         _ => RemoteErrorKind::Other,
@@ -315,7 +340,10 @@ mod tests {
         );
         let (kind, message) = classify(&skew);
         assert_eq!(kind, RemoteErrorKind::ClockSkew);
-        assert!(message.starts_with("RequestTimeTooSkewed: The difference"), "{message}");
+        assert!(
+            message.starts_with("RequestTimeTooSkewed: The difference"),
+            "{message}"
+        );
         let cases = [
             ("NoSuchBucket", RemoteErrorKind::NoSuchBucket),
             ("InvalidAccessKeyId", RemoteErrorKind::AccessDenied),
@@ -324,13 +352,23 @@ mod tests {
             ("EntityTooLarge", RemoteErrorKind::Other),
         ];
         for (code, kind) in cases {
-            assert_eq!(classify(&generic(&format!("<Code>{code}</Code>"))).0, kind, "{code}");
+            assert_eq!(
+                classify(&generic(&format!("<Code>{code}</Code>"))).0,
+                kind,
+                "{code}"
+            );
         }
     }
 
     #[test]
     fn endpoints() {
-        assert_eq!(bucket_endpoint("http://127.0.0.1:9000/", "b", true), "http://127.0.0.1:9000");
-        assert_eq!(bucket_endpoint("https://acc.r2.example", "b", false), "https://b.acc.r2.example");
+        assert_eq!(
+            bucket_endpoint("http://127.0.0.1:9000/", "b", true),
+            "http://127.0.0.1:9000"
+        );
+        assert_eq!(
+            bucket_endpoint("https://acc.r2.example", "b", false),
+            "https://b.acc.r2.example"
+        );
     }
 }

@@ -102,7 +102,9 @@ impl Store {
                     name: f.name.clone(),
                 });
             }
-            let meta = tokio::fs::metadata(&f.path).await.map_err(|e| StoreError::io(&f.path, e))?;
+            let meta = tokio::fs::metadata(&f.path)
+                .await
+                .map_err(|e| StoreError::io(&f.path, e))?;
             if !meta.is_file() {
                 let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
                 return Err(StoreError::io(&f.path, e));
@@ -142,7 +144,10 @@ impl Store {
         let stored = self.inner.codec.encode_manifest(name.as_str(), json);
         stats.manifest_bytes = stored.len() as u64;
         // The commit: one PUT, atomic in S3. Pins are released only after it (when `guard` drops).
-        self.inner.remote.put(&self.inner.remote.manifest_key(&name), Bytes::from(stored)).await?;
+        self.inner
+            .remote
+            .put(&self.inner.remote.manifest_key(&name), Bytes::from(stored))
+            .await?;
         drop(guard);
         Ok(stats)
     }
@@ -175,11 +180,13 @@ impl Store {
             })
             .buffer_unordered(concurrency);
         while let Some((index, len, id, outcome)) = results.try_next().await? {
-            match outcome {
-                Outcome::Zero => (stats.zero_bytes += len, stats.zero_chunks += 1),
-                Outcome::Hit => (stats.duplicate_bytes += len, stats.chunk_hits += 1),
-                Outcome::Uploaded => (stats.uploaded_bytes += len, stats.chunks_uploaded += 1),
+            let (bytes, chunks) = match outcome {
+                Outcome::Zero => (&mut stats.zero_bytes, &mut stats.zero_chunks),
+                Outcome::Hit => (&mut stats.duplicate_bytes, &mut stats.chunk_hits),
+                Outcome::Uploaded => (&mut stats.uploaded_bytes, &mut stats.chunks_uploaded),
             };
+            *bytes += len;
+            *chunks += 1;
             if let Some(slot) = ids.get_mut(index) {
                 *slot = id.map(|id| id.to_hex());
             }
@@ -189,7 +196,11 @@ impl Store {
         Ok(ids)
     }
 
-    async fn put_chunk(&self, content: Option<(ChunkId, Bytes)>, guard: &PinGuard) -> Result<Outcome, StoreError> {
+    async fn put_chunk(
+        &self,
+        content: Option<(ChunkId, Bytes)>,
+        guard: &PinGuard,
+    ) -> Result<Outcome, StoreError> {
         let Some((id, data)) = content else {
             return Ok(Outcome::Zero);
         };
@@ -201,7 +212,11 @@ impl Store {
         let key = remote.chunk_key(&id);
         // A chunk of the wrong size (a server that kept a partial write) counts as missing and is rewritten.
         let stored_len = self.inner.codec.stored_len(data.len());
-        if remote.head(&key).await?.is_some_and(|meta| meta.size == stored_len) {
+        if remote
+            .head(&key)
+            .await?
+            .is_some_and(|meta| meta.size == stored_len)
+        {
             self.inner.pins.mark_known(id);
             return Ok(Outcome::Hit);
         }
@@ -290,7 +305,8 @@ fn seek_data(file: &File, offset: u64, size: u64) -> u64 {
 
 /// Whether every byte is zero (in 64-byte blocks, which the compiler vectorises).
 pub(crate) fn is_zero(buf: &[u8]) -> bool {
-    buf.chunks(64).all(|block| block.iter().fold(0u8, |acc, b| acc | b) == 0)
+    buf.chunks(64)
+        .all(|block| block.iter().fold(0u8, |acc, b| acc | b) == 0)
 }
 
 fn now_rfc3339() -> String {

@@ -61,9 +61,19 @@ async fn no_plaintext_in_the_bucket(kind: S3Kind) {
 
     // Control: without a key the known page is found, so the search would catch a leak.
     let plain = Store::open(config(&server, "plain")).await.expect("open");
-    plain.put_object("o", &files, PutOptions::default()).await.expect("put");
-    let plain_hits = bucket_contents(&server, "plain").await.into_iter().filter(|(_, b)| contains(b, &needle)).count();
-    assert!(plain_hits >= 1, "the control found no plaintext: the search is broken");
+    plain
+        .put_object("o", &files, PutOptions::default())
+        .await
+        .expect("put");
+    let plain_hits = bucket_contents(&server, "plain")
+        .await
+        .into_iter()
+        .filter(|(_, b)| contains(b, &needle))
+        .count();
+    assert!(
+        plain_hits >= 1,
+        "the control found no plaintext: the search is broken"
+    );
 
     let mut cfg = config(&server, "secret");
     cfg.key = Some(key(1));
@@ -75,21 +85,43 @@ async fn no_plaintext_in_the_bucket(kind: S3Kind) {
     };
     let stats = store.put_object("o", &files, options).await.expect("put");
     let stored = bucket_contents(&server, "secret").await;
-    assert!(stored.len() >= 4, "chunks, manifest and marker are stored: {}", stored.len());
+    assert!(
+        stored.len() >= 4,
+        "chunks, manifest and marker are stored: {}",
+        stored.len()
+    );
     let total: usize = stored.iter().map(|(_, b)| b.len()).sum();
-    println!("{kind:?}: searched {} objects, {total} bytes; upload {stats:?}", stored.len());
+    println!(
+        "{kind:?}: searched {} objects, {total} bytes; upload {stats:?}",
+        stored.len()
+    );
     for (name, bytes) in &stored {
-        assert!(!contains(bytes, &needle), "{name} holds the known page in plaintext");
-        assert!(!contains(bytes, &needle[..64]), "{name} holds part of the known page");
-        assert!(!contains(bytes, b"HEARTH-SECRET-METADATA"), "{name} holds the manifest's metadata in plaintext");
-        assert!(!contains(bytes, b"\"chunks\""), "{name} holds a plaintext manifest");
+        assert!(
+            !contains(bytes, &needle),
+            "{name} holds the known page in plaintext"
+        );
+        assert!(
+            !contains(bytes, &needle[..64]),
+            "{name} holds part of the known page"
+        );
+        assert!(
+            !contains(bytes, b"HEARTH-SECRET-METADATA"),
+            "{name} holds the manifest's metadata in plaintext"
+        );
+        assert!(
+            !contains(bytes, b"\"chunks\""),
+            "{name} holds a plaintext manifest"
+        );
     }
 
     // The right key restores it, and dedup still works within the key.
     let dest = work.path().join("out");
     store.get_object("o", &dest, None).await.expect("get");
     assert_same_file(&file, &dest.join("memory"));
-    let again = store.put_object("o2", &files, PutOptions::default()).await.expect("put again");
+    let again = store
+        .put_object("o2", &files, PutOptions::default())
+        .await
+        .expect("put again");
     assert_eq!((again.chunks_uploaded, again.chunk_hits), (0, 4), "{again:?}");
 }
 
@@ -111,21 +143,32 @@ async fn wrong_or_missing_key_is_refused_at_open() {
     let mut cfg = config(&server, "enc");
     cfg.key = Some(key(1));
     let store = Store::open(cfg.clone()).await.expect("open");
-    store.put_object("o", &[FileSource::new("memory", &file)], PutOptions::default()).await.expect("put");
+    store
+        .put_object("o", &[FileSource::new("memory", &file)], PutOptions::default())
+        .await
+        .expect("put");
 
     cfg.key = Some(key(2));
-    let wrong = Store::open(cfg.clone()).await.err().expect("a wrong key is refused");
+    let wrong = Store::open(cfg.clone())
+        .await
+        .err()
+        .expect("a wrong key is refused");
     assert!(matches!(wrong, StoreError::WrongKey), "{wrong:?}");
     println!("wrong key: {wrong}");
     cfg.key = None;
     let missing = Store::open(cfg.clone()).await.err().expect("no key is refused");
     assert!(matches!(missing, StoreError::KeyRequired), "{missing:?}");
 
-    let plain = Store::open(config(&server, "plain")).await.expect("plaintext store");
+    let plain = Store::open(config(&server, "plain"))
+        .await
+        .expect("plaintext store");
     drop(plain);
     let mut with_key = config(&server, "plain");
     with_key.key = Some(key(1));
-    let err = Store::open(with_key).await.err().expect("a key on a plaintext store is refused");
+    let err = Store::open(with_key)
+        .await
+        .err()
+        .expect("a key on a plaintext store is refused");
     assert!(matches!(err, StoreError::NotEncrypted), "{err:?}");
 }
 
@@ -138,11 +181,23 @@ async fn sealed_manifests_cannot_be_swapped() {
     cfg.key = Some(key(3));
     let store = Store::open(cfg).await.expect("open");
     let files = [FileSource::new("memory", &file)];
-    store.put_object("a", &files, PutOptions::default()).await.expect("a");
-    store.put_object("b", &files, PutOptions::default()).await.expect("b");
+    store
+        .put_object("a", &files, PutOptions::default())
+        .await
+        .expect("a");
+    store
+        .put_object("b", &files, PutOptions::default())
+        .await
+        .expect("b");
     let a = raw_get(&server, "swap/manifests/a/MANIFEST").await;
     raw_put(&server, "swap/manifests/b/MANIFEST", a).await;
-    let err = store.get_object("b", &work.path().join("out"), None).await.expect_err("swapped");
-    assert!(matches!(&err, StoreError::ManifestCorrupt { object, .. } if object == "b"), "{err:?}");
+    let err = store
+        .get_object("b", &work.path().join("out"), None)
+        .await
+        .expect_err("swapped");
+    assert!(
+        matches!(&err, StoreError::ManifestCorrupt { object, .. } if object == "b"),
+        "{err:?}"
+    );
     assert!(!work.path().join("out").exists());
 }

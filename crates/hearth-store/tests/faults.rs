@@ -17,13 +17,19 @@ use hearth_testkit::s3::{S3Kind, S3Server};
 fn progress_probe() -> (Arc<AtomicU64>, hearth_store::ProgressFn) {
     let done = Arc::new(AtomicU64::new(0));
     let d = done.clone();
-    (done, Arc::new(move |p: Progress| d.store(p.done_bytes, Ordering::Relaxed)))
+    (
+        done,
+        Arc::new(move |p: Progress| d.store(p.done_bytes, Ordering::Relaxed)),
+    )
 }
 
 async fn wait_for(done: &AtomicU64, at_least: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while done.load(Ordering::Relaxed) < at_least {
-        assert!(Instant::now() < deadline, "the upload did not reach {at_least} bytes");
+        assert!(
+            Instant::now() < deadline,
+            "the upload did not reach {at_least} bytes"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -57,7 +63,9 @@ async fn server_killed_and_restarted_mid_upload_the_same_call_completes() {
                 progress: Some(progress),
                 ..PutOptions::default()
             };
-            store.put_object("o", &[FileSource::new("memory", file)], options).await
+            store
+                .put_object("o", &[FileSource::new("memory", file)], options)
+                .await
         })
     };
     wait_for(&done, 4 * MIB).await;
@@ -66,7 +74,10 @@ async fn server_killed_and_restarted_mid_upload_the_same_call_completes() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!upload.is_finished(), "the upload waits for the server");
     server.start_again();
-    let stats = upload.await.expect("join").expect("the upload completes after the restart");
+    let stats = upload
+        .await
+        .expect("join")
+        .expect("the upload completes after the restart");
     println!("stopped at {at_stop} bytes, completed: {stats:?}");
     assert!(at_stop < 48 * MIB);
     let dest = work.path().join("out");
@@ -80,7 +91,10 @@ async fn long_outage_fails_retryably_keeps_the_old_version_and_a_retry_sends_onl
     let store = Store::open(slow_config(&server, "outage")).await.expect("open");
     let work = tempdir();
     let v1 = data_file(work.path(), "v1", 1);
-    store.put_object("o", &[FileSource::new("memory", &v1)], PutOptions::default()).await.expect("v1");
+    store
+        .put_object("o", &[FileSource::new("memory", &v1)], PutOptions::default())
+        .await
+        .expect("v1");
     let v2 = data_file(work.path(), "v2", 2);
     let (done, progress) = progress_probe();
     let upload = {
@@ -90,7 +104,9 @@ async fn long_outage_fails_retryably_keeps_the_old_version_and_a_retry_sends_onl
                 progress: Some(progress),
                 ..PutOptions::default()
             };
-            store.put_object("o", &[FileSource::new("memory", v2)], options).await
+            store
+                .put_object("o", &[FileSource::new("memory", v2)], options)
+                .await
         })
     };
     wait_for(&done, 8 * MIB).await;
@@ -99,16 +115,28 @@ async fn long_outage_fails_retryably_keeps_the_old_version_and_a_retry_sends_onl
     let err = upload.await.expect("join").expect_err("the bucket is gone");
     println!("after {:?}: {err}", started.elapsed());
     assert!(err.is_retryable(), "{err:?}");
-    assert!(matches!(&err, StoreError::Remote(r) if r.kind == RemoteErrorKind::Unreachable), "{err:?}");
+    assert!(
+        matches!(&err, StoreError::Remote(r) if r.kind == RemoteErrorKind::Unreachable),
+        "{err:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(30), "bounded retries");
 
     server.start_again();
     let dest = work.path().join("old");
-    store.get_object("o", &dest, None).await.expect("v1 is still the committed version");
+    store
+        .get_object("o", &dest, None)
+        .await
+        .expect("v1 is still the committed version");
     assert_same_file(&v1, &dest.join("memory"));
-    let retry = store.put_object("o", &[FileSource::new("memory", &v2)], PutOptions::default()).await.expect("retry");
+    let retry = store
+        .put_object("o", &[FileSource::new("memory", &v2)], PutOptions::default())
+        .await
+        .expect("retry");
     println!("retry: {retry:?}");
-    assert!(retry.chunk_hits >= 6, "chunks sent before the outage are not sent again: {retry:?}");
+    assert!(
+        retry.chunk_hits >= 6,
+        "chunks sent before the outage are not sent again: {retry:?}"
+    );
     assert_eq!(retry.chunk_hits + retry.chunks_uploaded, 48);
     let dest = work.path().join("new");
     store.get_object("o", &dest, None).await.expect("v2");
@@ -129,7 +157,9 @@ async fn frozen_server_thawed_mid_upload_the_upload_completes() {
                 progress: Some(progress),
                 ..PutOptions::default()
             };
-            store.put_object("o", &[FileSource::new("memory", file)], options).await
+            store
+                .put_object("o", &[FileSource::new("memory", file)], options)
+                .await
         })
     };
     wait_for(&done, 4 * MIB).await;
@@ -153,7 +183,10 @@ async fn dropped_upload_keeps_the_old_manifest(kind: S3Kind) {
         metadata: Some(serde_json::json!({ "version": v })),
         ..PutOptions::default()
     };
-    store.put_object("o", &[FileSource::new("memory", &v1)], meta("v1")).await.expect("v1");
+    store
+        .put_object("o", &[FileSource::new("memory", &v1)], meta("v1"))
+        .await
+        .expect("v1");
     let v2 = data_file(work.path(), "v2", 20);
     let (done, progress) = progress_probe();
     let upload = {
@@ -163,7 +196,9 @@ async fn dropped_upload_keeps_the_old_manifest(kind: S3Kind) {
                 progress: Some(progress),
                 ..meta("v2")
             };
-            store.put_object("o", &[FileSource::new("memory", v2)], options).await
+            store
+                .put_object("o", &[FileSource::new("memory", v2)], options)
+                .await
         })
     };
     wait_for(&done, 16 * MIB).await;
@@ -171,14 +206,24 @@ async fn dropped_upload_keeps_the_old_manifest(kind: S3Kind) {
     assert!(upload.await.expect_err("aborted").is_cancelled());
 
     let m = store.get_manifest("o").await.expect("a manifest is committed");
-    assert_eq!(m.metadata, Some(serde_json::json!({"version": "v1"})), "never a half-new one");
+    assert_eq!(
+        m.metadata,
+        Some(serde_json::json!({"version": "v1"})),
+        "never a half-new one"
+    );
     let dest = work.path().join("old");
-    store.get_object("o", &dest, None).await.expect("the old version restores");
+    store
+        .get_object("o", &dest, None)
+        .await
+        .expect("the old version restores");
     assert_same_file(&v1, &dest.join("memory"));
 
     // A new process retries: the chunks sent before the crash are found in the bucket.
     let fresh = Store::open(slow_config(&server, "crash")).await.expect("open");
-    let retry = fresh.put_object("o", &[FileSource::new("memory", &v2)], meta("v2")).await.expect("retry");
+    let retry = fresh
+        .put_object("o", &[FileSource::new("memory", &v2)], meta("v2"))
+        .await
+        .expect("retry");
     println!("{kind:?} retry after the crash: {retry:?}");
     assert!(retry.chunk_hits >= 12, "{retry:?}");
     let dest = work.path().join("new");
@@ -206,7 +251,10 @@ async fn a_pinned_upload_survives_a_concurrent_gc() {
     let file = work.path().join("memory");
     sparse_file(&file, 16 * MIB, &[(0, 16 * MIB)], 30);
     let files = [FileSource::new("memory", &file)];
-    store.put_object("old", &files, PutOptions::default()).await.expect("old");
+    store
+        .put_object("old", &files, PutOptions::default())
+        .await
+        .expect("old");
     store.delete_object("old").await.expect("delete");
 
     // The new upload stops inside its first progress callback (after its first chunks are pinned and found)
@@ -221,7 +269,10 @@ async fn a_pinned_upload_survives_a_concurrent_gc() {
             if let Some(tx) = reached_tx.lock().expect("lock").take() {
                 let _ = tx.send(());
             }
-            let _ = gate_rx.lock().expect("lock").recv_timeout(Duration::from_secs(60));
+            let _ = gate_rx
+                .lock()
+                .expect("lock")
+                .recv_timeout(Duration::from_secs(60));
         }
     });
     let upload = {
@@ -246,7 +297,10 @@ async fn a_pinned_upload_survives_a_concurrent_gc() {
     let stats = upload.await.expect("join").expect("upload");
     println!("upload: {stats:?}");
     let dest = work.path().join("out");
-    store.get_object("new", &dest, None).await.expect("the new object is whole");
+    store
+        .get_object("new", &dest, None)
+        .await
+        .expect("the new object is whole");
     assert_same_file(&file, &dest.join("memory"));
     let after = store.gc(&gc).await.expect("gc");
     assert_eq!(after.deleted, 0, "everything left is referenced: {after:?}");

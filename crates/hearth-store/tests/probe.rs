@@ -14,8 +14,13 @@ use hearth_testkit::s3::S3Kind;
 async fn a_healthy_bucket_passes_on_both_servers() {
     for kind in S3Kind::ALL {
         let server = server(kind);
-        probe(&config(&server, "p")).await.unwrap_or_else(|e| panic!("{kind:?}: {e}"));
-        assert!(raw_list(&server, "p/probe").await.is_empty(), "{kind:?}: the probe object is deleted");
+        probe(&config(&server, "p"))
+            .await
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert!(
+            raw_list(&server, "p/probe").await.is_empty(),
+            "{kind:?}: the probe object is deleted"
+        );
     }
 }
 
@@ -27,9 +32,16 @@ async fn no_such_bucket() {
         cfg.bucket = "no-such-bucket".to_owned();
         let err = probe(&cfg).await.expect_err("missing bucket");
         println!("{kind:?}: {err}");
-        assert_eq!((err.step, err.kind()), (ProbeStep::Bucket, RemoteErrorKind::NoSuchBucket), "{kind:?}: {err}");
+        assert_eq!(
+            (err.step, err.kind()),
+            (ProbeStep::Bucket, RemoteErrorKind::NoSuchBucket),
+            "{kind:?}: {err}"
+        );
         let open = Store::open(cfg).await.err().expect("open fails too");
-        assert!(matches!(open, StoreError::Remote(ref r) if r.kind == RemoteErrorKind::NoSuchBucket), "{open:?}");
+        assert!(
+            matches!(open, StoreError::Remote(ref r) if r.kind == RemoteErrorKind::NoSuchBucket),
+            "{open:?}"
+        );
     }
 }
 
@@ -48,14 +60,24 @@ async fn bad_credentials() {
     let err = probe(&cfg).await.expect_err("unknown key id");
     println!("unknown key id: {err}");
     assert_eq!(err.kind(), RemoteErrorKind::AccessDenied, "{err}");
-    assert!(!err.to_string().contains("unknown-key-id"), "the key id is scrubbed too: {err}");
-    assert!(!format!("{cfg:?}").contains(secret), "Debug of the config hides the secret");
+    assert!(
+        !err.to_string().contains("unknown-key-id"),
+        "the key id is scrubbed too: {err}"
+    );
+    assert!(
+        !format!("{cfg:?}").contains(secret),
+        "Debug of the config hides the secret"
+    );
 }
 
 #[tokio::test]
 async fn unreachable_endpoint() {
     // A port nobody listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
     let env = [
         ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
         ("AWS_ACCESS_KEY_ID", "id".to_owned()),
@@ -68,7 +90,14 @@ async fn unreachable_endpoint() {
     let started = Instant::now();
     let err = probe(&cfg).await.expect_err("nothing listens");
     println!("unreachable after {:?}: {err}", started.elapsed());
-    assert_eq!((err.step, err.kind()), (ProbeStep::Bucket, RemoteErrorKind::Unreachable), "{err}");
+    assert_eq!(
+        (err.step, err.kind()),
+        (ProbeStep::Bucket, RemoteErrorKind::Unreachable),
+        "{err}"
+    );
     assert!(err.source.is_retryable());
-    assert!(started.elapsed() < Duration::from_secs(15), "the probe gives up quickly");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the probe gives up quickly"
+    );
 }

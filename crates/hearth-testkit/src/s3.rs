@@ -29,7 +29,11 @@ impl S3Kind {
     fn binary(self) -> PathBuf {
         let (var, installed, name) = match self {
             S3Kind::S3sFs => ("HEARTH_S3S_FS", "/opt/hearth/test-tools/bin/s3s-fs", "s3s-fs"),
-            S3Kind::Moto => ("HEARTH_MOTO_SERVER", "/opt/hearth/test-tools/venv/bin/moto_server", "moto_server"),
+            S3Kind::Moto => (
+                "HEARTH_MOTO_SERVER",
+                "/opt/hearth/test-tools/venv/bin/moto_server",
+                "moto_server",
+            ),
         };
         if let Some(path) = std::env::var_os(var) {
             return PathBuf::from(path);
@@ -132,11 +136,19 @@ impl S3Server {
     pub fn create_bucket(&self, bucket: &str) {
         match self.kind {
             // s3s-fs keeps a bucket as a directory under its root.
-            S3Kind::S3sFs => std::fs::create_dir_all(self.dir.path().join("data").join(bucket)).expect("bucket dir"),
+            S3Kind::S3sFs => {
+                std::fs::create_dir_all(self.dir.path().join("data").join(bucket)).expect("bucket dir")
+            }
             // moto accepts unsigned requests.
             S3Kind::Moto => {
-                let answer = http_request(self.addr(), &format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
-                assert!(answer.starts_with("HTTP/1.1 200"), "moto refused CreateBucket: {answer}");
+                let answer = http_request(
+                    self.addr(),
+                    &format!("PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1\r\n"),
+                );
+                assert!(
+                    answer.starts_with("HTTP/1.1 200"),
+                    "moto refused CreateBucket: {answer}"
+                );
             }
         }
     }
@@ -172,7 +184,9 @@ impl S3Server {
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .env("RUST_LOG", "warn");
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {:?}: {e}", self.kind));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {:?}: {e}", self.kind));
         self.child = Some(child);
         self.wait_ready(Duration::from_secs(60));
     }
@@ -216,7 +230,11 @@ impl S3Server {
                     return;
                 }
             }
-            assert!(Instant::now() < deadline, "{:?} did not start within {timeout:?}", self.kind);
+            assert!(
+                Instant::now() < deadline,
+                "{:?} did not start within {timeout:?}",
+                self.kind
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -260,7 +278,9 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
             match entry.file_type() {

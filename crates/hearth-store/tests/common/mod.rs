@@ -27,6 +27,8 @@ pub fn config(server: &S3Server, prefix: &str) -> StoreConfig {
         env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
     })
     .expect("config");
+    // The tests count chunks of 1 MiB (the default is smaller; `round_trip` uses it).
+    c.chunk_size = MIB as usize;
     // Tests make outages on purpose: give up on a request within a few seconds.
     c.max_retries = 3;
     c.retry_timeout = std::time::Duration::from_secs(5);
@@ -60,18 +62,27 @@ pub async fn raw_list(server: &S3Server, prefix: &str) -> Vec<(String, u64)> {
     let store = raw(server);
     let p = object_store::path::Path::from(prefix);
     let metas: Vec<object_store::ObjectMeta> = store.list(Some(&p)).try_collect().await.expect("list");
-    metas.into_iter().map(|m| (m.location.to_string(), m.size)).collect()
+    metas
+        .into_iter()
+        .map(|m| (m.location.to_string(), m.size))
+        .collect()
 }
 
 pub async fn raw_get(server: &S3Server, key: &str) -> Vec<u8> {
     let store = raw(server);
-    let r = store.get(&object_store::path::Path::from(key)).await.expect("get");
+    let r = store
+        .get(&object_store::path::Path::from(key))
+        .await
+        .expect("get");
     r.bytes().await.expect("bytes").to_vec()
 }
 
 pub async fn raw_put(server: &S3Server, key: &str, data: Vec<u8>) {
     let store = raw(server);
-    store.put(&object_store::path::Path::from(key), data.into()).await.expect("put");
+    store
+        .put(&object_store::path::Path::from(key), data.into())
+        .await
+        .expect("put");
 }
 
 /// Deterministic pseudo-random bytes (xorshift), so that test data is incompressible and reproducible.
@@ -93,7 +104,8 @@ pub fn sparse_file(path: &Path, size: u64, regions: &[(u64, u64)], seed: u64) {
     let f = File::create(path).expect("create");
     f.set_len(size).expect("set_len");
     for (i, (off, len)) in regions.iter().enumerate() {
-        f.write_all_at(&noise(seed + i as u64, *len as usize), *off).expect("write");
+        f.write_all_at(&noise(seed + i as u64, *len as usize), *off)
+            .expect("write");
     }
     f.sync_all().expect("sync");
 }
@@ -102,7 +114,8 @@ pub fn sparse_file(path: &Path, size: u64, regions: &[(u64, u64)], seed: u64) {
 pub fn dirty_pages(path: &Path, pages: &[u64], seed: u64) {
     let f = std::fs::OpenOptions::new().write(true).open(path).expect("open");
     for (i, p) in pages.iter().enumerate() {
-        f.write_all_at(&noise(seed + i as u64, PAGE as usize), p * PAGE).expect("write");
+        f.write_all_at(&noise(seed + i as u64, PAGE as usize), p * PAGE)
+            .expect("write");
     }
     f.sync_all().expect("sync");
 }
@@ -121,18 +134,34 @@ pub fn in_hole(path: &Path, offset: u64) -> bool {
 }
 
 pub fn assert_same_file(a: &Path, b: &Path) {
-    let (x, y) = (std::fs::read(a).expect("read a"), std::fs::read(b).expect("read b"));
-    assert_eq!(x.len(), y.len(), "{} and {} differ in size", a.display(), b.display());
+    let (x, y) = (
+        std::fs::read(a).expect("read a"),
+        std::fs::read(b).expect("read b"),
+    );
+    assert_eq!(
+        x.len(),
+        y.len(),
+        "{} and {} differ in size",
+        a.display(),
+        b.display()
+    );
     assert!(x == y, "{} and {} differ", a.display(), b.display());
 }
 
 pub fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("hearth-store-test-").tempdir().expect("tempdir")
+    tempfile::Builder::new()
+        .prefix("hearth-store-test-")
+        .tempdir()
+        .expect("tempdir")
 }
 
 /// Entries of `dir` (to check that a failed download left nothing behind).
 pub fn entries(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).expect("read_dir").flatten().map(|e| e.path()).collect();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     v.sort();
     v
 }
