@@ -6,31 +6,51 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use hearth_store::{FileSource, GcOptions, Progress, PutOptions, RemoteErrorKind, Store, StoreError};
 use hearth_testkit::s3::{S3Kind, S3Server};
 
-/// A progress callback recording the bytes done, and a way to wait until they pass a mark.
-fn progress_probe() -> (Arc<AtomicU64>, hearth_store::ProgressFn) {
-    let done = Arc::new(AtomicU64::new(0));
-    let d = done.clone();
-    (
-        done,
-        Arc::new(move |p: Progress| d.store(p.done_bytes, Ordering::Relaxed)),
-    )
+/// A progress callback that, the first time the upload has done `mark` bytes, stops inside the callback (so the
+/// upload is certainly mid-way) until the test calls `release`.
+struct Gate {
+    reached: tokio::sync::oneshot::Receiver<u64>,
+    release: std::sync::mpsc::Sender<()>,
 }
 
-async fn wait_for(done: &AtomicU64, at_least: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while done.load(Ordering::Relaxed) < at_least {
-        assert!(
-            Instant::now() < deadline,
-            "the upload did not reach {at_least} bytes"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+fn gate_at(mark: u64) -> (Gate, hearth_store::ProgressFn) {
+    let (reached_tx, reached) = tokio::sync::oneshot::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let reached_tx = std::sync::Mutex::new(Some(reached_tx));
+    let release_rx = std::sync::Mutex::new(release_rx);
+    let progress: hearth_store::ProgressFn = Arc::new(move |p: Progress| {
+        if p.done_bytes < mark {
+            return;
+        }
+        let Some(tx) = reached_tx.lock().expect("lock").take() else {
+            return;
+        };
+        let _ = tx.send(p.done_bytes);
+        let _ = release_rx
+            .lock()
+            .expect("lock")
+            .recv_timeout(Duration::from_secs(60));
+    });
+    (Gate { reached, release }, progress)
+}
+
+impl Gate {
+    /// Waits until the upload reached the mark; returns the bytes done then.
+    async fn reached(&mut self) -> u64 {
+        tokio::time::timeout(Duration::from_secs(60), &mut self.reached)
+            .await
+            .expect("the upload reaches the mark within a minute")
+            .expect("the upload is running")
+    }
+
+    fn release(&self) {
+        let _ = self.release.send(());
     }
 }
 
@@ -55,7 +75,7 @@ async fn server_killed_and_restarted_mid_upload_the_same_call_completes() {
     let store = Store::open(cfg).await.expect("open");
     let work = tempdir();
     let file = data_file(work.path(), "memory", 1);
-    let (done, progress) = progress_probe();
+    let (mut gate, progress) = gate_at(4 * MIB);
     let upload = {
         let (store, file) = (store.clone(), file.clone());
         tokio::spawn(async move {
@@ -68,9 +88,9 @@ async fn server_killed_and_restarted_mid_upload_the_same_call_completes() {
                 .await
         })
     };
-    wait_for(&done, 4 * MIB).await;
+    let at_stop = gate.reached().await;
     server.stop();
-    let at_stop = done.load(Ordering::Relaxed);
+    gate.release();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!upload.is_finished(), "the upload waits for the server");
     server.start_again();
@@ -96,7 +116,7 @@ async fn long_outage_fails_retryably_keeps_the_old_version_and_a_retry_sends_onl
         .await
         .expect("v1");
     let v2 = data_file(work.path(), "v2", 2);
-    let (done, progress) = progress_probe();
+    let (mut gate, progress) = gate_at(8 * MIB);
     let upload = {
         let (store, v2) = (store.clone(), v2.clone());
         tokio::spawn(async move {
@@ -109,8 +129,9 @@ async fn long_outage_fails_retryably_keeps_the_old_version_and_a_retry_sends_onl
                 .await
         })
     };
-    wait_for(&done, 8 * MIB).await;
+    gate.reached().await;
     server.stop();
+    gate.release();
     let started = Instant::now();
     let err = upload.await.expect("join").expect_err("the bucket is gone");
     println!("after {:?}: {err}", started.elapsed());
@@ -149,7 +170,7 @@ async fn frozen_server_thawed_mid_upload_the_upload_completes() {
     let store = Store::open(slow_config(&server, "frozen")).await.expect("open");
     let work = tempdir();
     let file = data_file(work.path(), "memory", 3);
-    let (done, progress) = progress_probe();
+    let (mut gate, progress) = gate_at(4 * MIB);
     let upload = {
         let (store, file) = (store.clone(), file.clone());
         tokio::spawn(async move {
@@ -162,10 +183,11 @@ async fn frozen_server_thawed_mid_upload_the_upload_completes() {
                 .await
         })
     };
-    wait_for(&done, 4 * MIB).await;
+    let during = gate.reached().await;
     server.freeze();
+    gate.release();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let during = done.load(Ordering::Relaxed);
+    assert!(!upload.is_finished(), "the upload waits for the frozen server");
     server.thaw();
     let stats = upload.await.expect("join").expect("completes after the thaw");
     println!("frozen at {during} bytes: {stats:?}");
@@ -188,7 +210,7 @@ async fn dropped_upload_keeps_the_old_manifest(kind: S3Kind) {
         .await
         .expect("v1");
     let v2 = data_file(work.path(), "v2", 20);
-    let (done, progress) = progress_probe();
+    let (mut gate, progress) = gate_at(16 * MIB);
     let upload = {
         let (store, v2) = (store.clone(), v2.clone());
         tokio::spawn(async move {
@@ -201,8 +223,9 @@ async fn dropped_upload_keeps_the_old_manifest(kind: S3Kind) {
                 .await
         })
     };
-    wait_for(&done, 16 * MIB).await;
+    gate.reached().await;
     upload.abort(); // the upload's future is dropped mid-way, as when its process dies
+    gate.release();
     assert!(upload.await.expect_err("aborted").is_cancelled());
 
     let m = store.get_manifest("o").await.expect("a manifest is committed");
@@ -259,22 +282,7 @@ async fn a_pinned_upload_survives_a_concurrent_gc() {
 
     // The new upload stops inside its first progress callback (after its first chunks are pinned and found)
     // until the GC pass is over.
-    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
-    let (reached_tx, reached_rx) = tokio::sync::oneshot::channel::<()>();
-    let reached_tx = std::sync::Mutex::new(Some(reached_tx));
-    let gate_rx = std::sync::Mutex::new(gate_rx);
-    let once = AtomicBool::new(false);
-    let progress: hearth_store::ProgressFn = Arc::new(move |_p: Progress| {
-        if !once.swap(true, Ordering::SeqCst) {
-            if let Some(tx) = reached_tx.lock().expect("lock").take() {
-                let _ = tx.send(());
-            }
-            let _ = gate_rx
-                .lock()
-                .expect("lock")
-                .recv_timeout(Duration::from_secs(60));
-        }
-    });
+    let (mut gate, progress) = gate_at(1);
     let upload = {
         let (store, files) = (store.clone(), files.clone());
         tokio::spawn(async move {
@@ -285,7 +293,7 @@ async fn a_pinned_upload_survives_a_concurrent_gc() {
             store.put_object("new", &files, options).await
         })
     };
-    reached_rx.await.expect("the upload started");
+    gate.reached().await;
     let gc = GcOptions {
         grace: Duration::ZERO,
         ..GcOptions::default()
@@ -293,7 +301,7 @@ async fn a_pinned_upload_survives_a_concurrent_gc() {
     let report = store.gc(&gc).await.expect("gc");
     println!("gc during the upload: {report:?}");
     assert!(report.kept_pinned >= 1, "{report:?}");
-    gate_tx.send(()).expect("release the upload");
+    gate.release();
     let stats = upload.await.expect("join").expect("upload");
     println!("upload: {stats:?}");
     let dest = work.path().join("out");
