@@ -8,6 +8,7 @@ log() { printf '\n== %s (%s)\n' "$*" "$(date +%T)" >&2; }
 
 log "host dependencies"
 bash scripts/install-deps.sh
+bash scripts/install-test-deps.sh
 
 log "guest images"
 bash images/build.sh

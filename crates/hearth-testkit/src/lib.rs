@@ -9,8 +9,10 @@
 //!   log, restarts, cleanup on drop), [`pids_mentioning`] (what it left running).
 //! - [`TestNetns`]: `ip netns add`, removed on drop.
 //! - [`hostile_disk`]: disk headers a hostile guest writes to steer the host, and a watched canary host file.
+//! - [`s3`]: real S3-compatible servers (s3s-fs, moto) on 127.0.0.1 for object-storage tests.
 
 pub mod hostile_disk;
+pub mod s3;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
