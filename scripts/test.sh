@@ -9,6 +9,9 @@ log() { printf '\n== %s (%s)\n' "$*" "$(date +%T)" >&2; }
 log "host dependencies"
 bash scripts/install-deps.sh
 
+log "E2B SDKs (crates/hearth-e2b/tests)"
+bash scripts/install-e2b-test-deps.sh
+
 log "guest images"
 bash images/build.sh
 
