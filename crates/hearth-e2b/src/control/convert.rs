@@ -30,19 +30,19 @@ pub fn state(s: SandboxState) -> Option<State> {
 }
 
 /// The create/connect answer for `sbx`; `key` is the caller's key, which becomes the envd access token.
-pub fn sandbox(sbx: &hearth_api::Sandbox, key: &str) -> Sandbox {
+pub fn sandbox(sbx: &hearth_api::Sandbox, key: &str, domain: &str) -> Sandbox {
     Sandbox {
         template_id: sbx.template.clone(),
         sandbox_id: sbx.id.clone(),
         client_id: CLIENT_ID.to_owned(),
         envd_version: ENVD_VERSION.to_owned(),
         envd_access_token: key.to_owned(),
-        domain: None,
+        domain: Some(domain.to_owned()),
         traffic_access_token: None,
     }
 }
 
-pub fn detail(sbx: &hearth_api::Sandbox, key: &str) -> Option<SandboxDetail> {
+pub fn detail(sbx: &hearth_api::Sandbox, key: &str, domain: &str) -> Option<SandboxDetail> {
     let state = state(sbx.state)?;
     Some(SandboxDetail {
         template_id: sbx.template.clone(),
@@ -57,7 +57,7 @@ pub fn detail(sbx: &hearth_api::Sandbox, key: &str) -> Option<SandboxDetail> {
         disk_size_mb: 0,
         state,
         metadata: sbx.metadata.clone(),
-        domain: None,
+        domain: Some(domain.to_owned()),
         lifecycle: Lifecycle {
             auto_resume: sbx.auto_resume,
             on_timeout: sbx.on_timeout.as_str(),

@@ -57,10 +57,23 @@ pub fn routes(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// The caller's key and a daemon client that authenticates with it.
+/// The caller's key, a daemon client that authenticates with it, and the domain to answer with.
 pub struct Caller {
     pub key: String,
     pub api: hearth_client::Client,
+    /// `domain` of the answers: the host name the caller reached the control plane by, without a leading
+    /// `api.` (E2B's layout: `api.DOMAIN` for the control plane, `{port}-{id}.DOMAIN` for sandboxes). Never
+    /// `null`: an SDK given no domain would send envd requests, and the key with them, to E2B's own cloud.
+    pub domain: String,
+}
+
+/// The sandbox domain for a control-plane request's `Host`.
+pub fn domain_of(host: Option<&str>) -> String {
+    let host = host
+        .map(str::trim)
+        .filter(|h| !h.is_empty() && h.len() <= 253 && h.bytes().all(|b| b.is_ascii_graphic()))
+        .unwrap_or("localhost");
+    host.strip_prefix("api.").unwrap_or(host).to_owned()
 }
 
 impl FromRequestParts<Arc<Shared>> for Caller {
@@ -69,9 +82,14 @@ impl FromRequestParts<Arc<Shared>> for Caller {
     async fn from_request_parts(parts: &mut Parts, st: &Arc<Shared>) -> Result<Self, Self::Rejection> {
         let key = crate::auth::control_key(&parts.headers).ok_or_else(RestError::unauthorized)?;
         let api = st.client(key)?;
+        let host = parts
+            .headers
+            .get(axum::http::header::HOST)
+            .and_then(|v| v.to_str().ok());
         Ok(Caller {
             key: key.to_owned(),
             api,
+            domain: domain_of(host),
         })
     }
 }
@@ -110,12 +128,17 @@ async fn live(c: &Caller, id: &str) -> RestResult<hearth_api::Sandbox> {
 async fn create(_: St, c: Caller, Body(n): Body<NewSandbox>) -> RestResult<Response> {
     let req = convert::create_request(n)?;
     let sbx = c.api.create_sandbox(&req).await?;
-    Ok((StatusCode::CREATED, Json(convert::sandbox(&sbx, &c.key))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(convert::sandbox(&sbx, &c.key, &c.domain)),
+    )
+        .into_response())
 }
 
 async fn get_info(_: St, c: Caller, Path(id): Path<String>) -> RestResult<Response> {
     let sbx = live(&c, &id).await?;
-    let detail = convert::detail(&sbx, &c.key).ok_or_else(|| RestError::new(404, "sandbox not found"))?;
+    let detail =
+        convert::detail(&sbx, &c.key, &c.domain).ok_or_else(|| RestError::new(404, "sandbox not found"))?;
     Ok(Json(detail).into_response())
 }
 
@@ -252,7 +275,7 @@ async fn connect(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(convert::sandbox(&sbx, &c.key))).into_response())
+    Ok((status, Json(convert::sandbox(&sbx, &c.key, &c.domain))).into_response())
 }
 
 /// The older `POST /sandboxes/{id}/resume`: 201 when resumed, 409 when it was not paused.
@@ -267,7 +290,11 @@ async fn resume(
         return Err(RestError::new(409, format!("sandbox {id} is not paused")));
     }
     let (_, sbx) = ensure_running(&c, &id, &r).await?;
-    Ok((StatusCode::CREATED, Json(convert::sandbox(&sbx, &c.key))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(convert::sandbox(&sbx, &c.key, &c.domain)),
+    )
+        .into_response())
 }
 
 async fn fork(_: St, c: Caller, Path(id): Path<String>, Body(f): Body<ForkRequest>) -> RestResult<Response> {
@@ -291,7 +318,7 @@ async fn fork(_: St, c: Caller, Path(id): Path<String>, Body(f): Body<ForkReques
             None => child,
         };
         results.push(ForkResult {
-            sandbox: Some(convert::sandbox(&child, &c.key)),
+            sandbox: Some(convert::sandbox(&child, &c.key, &c.domain)),
             error: None,
         });
     }
@@ -378,4 +405,21 @@ async fn update_network(
         .set_network_policy(&id, &convert::update_policy(&net)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_domain_comes_from_the_host_the_caller_used() {
+        assert_eq!(domain_of(Some("api.e2b.example.com")), "e2b.example.com");
+        assert_eq!(
+            domain_of(Some("api.e2b.example.com:8443")),
+            "e2b.example.com:8443"
+        );
+        assert_eq!(domain_of(Some("127.0.0.1:7070")), "127.0.0.1:7070");
+        assert_eq!(domain_of(None), "localhost");
+        assert_eq!(domain_of(Some("a b")), "localhost");
+    }
 }

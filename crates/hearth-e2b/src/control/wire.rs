@@ -64,7 +64,7 @@ pub struct Sandbox {
     pub envd_version: String,
     /// The caller's own key: the SDK sends it back as `X-Access-Token` on envd requests.
     pub envd_access_token: String,
-    /// `null`: the SDK then uses `E2B_DOMAIN` (or `E2B_SANDBOX_URL`).
+    /// Where the sandbox's hosts are (`{port}-{id}.DOMAIN`); `E2B_SANDBOX_URL` takes precedence in the SDKs.
     pub domain: Option<String>,
     pub traffic_access_token: Option<String>,
 }
