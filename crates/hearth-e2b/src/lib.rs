@@ -8,7 +8,8 @@
 //! - **envd**, the in-sandbox daemon: Connect RPC (JSON codec) for the `process.Process` and
 //!   `filesystem.Filesystem` services, plus plain HTTP `GET/POST /files` and `/health`: [`envd`]. The SDKs
 //!   send these to `E2B_SANDBOX_URL` with the headers `E2b-Sandbox-Id` and `E2b-Sandbox-Port`, or to the host
-//!   name `{port}-{sandboxID}.{domain}` ([`envd_target`]); nothing else is ever taken for an envd request.
+//!   name `{port}-{sandboxID}.{domain}`; only envd's own paths on such a request are taken for envd
+//!   ([`envd_request`]), so a control-plane call is never mistaken for one.
 //!
 //! # Design
 //! The daemon embeds the adapter ([`Adapter::router`] wraps the daemon's own router), and every call the
@@ -62,9 +63,27 @@ pub struct EnvdTarget {
     pub port: u16,
 }
 
-/// Whether a request is for a sandbox's envd, and which: the `E2b-Sandbox-Id` header (with
-/// `E2b-Sandbox-Port`, default [`ENVD_PORT`]), else a host name whose first label is `{port}-{sandbox id}`
-/// (`49983-sbx_0123456789abcdef.e2b.example.com`). Control-plane requests carry neither.
+/// Whether a request is for a sandbox's envd, and which: one of envd's paths ([`is_envd_path`]) on a request
+/// that names a sandbox ([`envd_target`]). Some SDK releases send the sandbox headers on control-plane calls
+/// too, so the headers alone never make a request envd's.
+pub fn envd_request(path: &str, headers: &HeaderMap) -> Option<EnvdTarget> {
+    if !is_envd_path(path) {
+        return None;
+    }
+    envd_target(headers)
+}
+
+/// envd's routes: `/health`, `/files`, and the Connect services `/process.Process/*` and
+/// `/filesystem.Filesystem/*`. None of them is a control-plane or hearth path.
+pub fn is_envd_path(path: &str) -> bool {
+    matches!(path, "/health" | "/files")
+        || path.starts_with("/process.Process/")
+        || path.starts_with("/filesystem.Filesystem/")
+}
+
+/// The sandbox a request names: the `E2b-Sandbox-Id` header (with `E2b-Sandbox-Port`, default
+/// [`ENVD_PORT`]), else a host name whose first label is `{port}-{sandbox id}`
+/// (`49983-sbx_0123456789abcdef.e2b.example.com`).
 pub fn envd_target(headers: &HeaderMap) -> Option<EnvdTarget> {
     if let Some(id) = headers.get(SANDBOX_ID_HEADER) {
         let sandbox_id = String::from_utf8_lossy(id.as_bytes()).trim().to_owned();
@@ -133,14 +152,14 @@ impl Adapter {
     }
 
     /// `hearth` (the daemon's router) with E2B's control-plane routes merged in, behind a dispatcher that sends
-    /// envd requests ([`envd_target`]) to the envd adapter before any path matching.
+    /// envd requests ([`envd_request`]) to the envd adapter.
     pub fn router(&self, hearth: Router) -> Router {
         let app = hearth.merge(control::routes(self.shared.clone()));
         let envd = envd::routes(self.shared.clone());
         Router::new().fallback_service(tower::service_fn(move |req: Request| {
             let (app, envd) = (app.clone(), envd.clone());
             async move {
-                let resp = match envd_target(req.headers()) {
+                let resp = match envd_request(req.uri().path(), req.headers()) {
                     Some(target) => envd.oneshot(envd::with_target(req, target)).await,
                     None => app.oneshot(req).await,
                 };
@@ -209,5 +228,33 @@ mod tests {
             assert_eq!(envd_target(&headers(&[("host", host)])), None, "{host}");
         }
         assert_eq!(envd_target(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn only_envd_paths_go_to_envd_even_with_the_headers() {
+        let h = headers(&[("e2b-sandbox-id", "sbx_0123456789abcdef")]);
+        for path in [
+            "/health",
+            "/files",
+            "/process.Process/Start",
+            "/filesystem.Filesystem/Stat",
+        ] {
+            assert!(envd_request(path, &h).is_some(), "{path}");
+            assert!(
+                envd_request(path, &HeaderMap::new()).is_none(),
+                "{path} without a sandbox"
+            );
+        }
+        for path in [
+            "/sandboxes/sbx_0123456789abcdef/connect",
+            "/v2/sandboxes",
+            "/v1/sandboxes",
+            "/metrics",
+            "/healthz",
+            "/files/x",
+            "/process.Process",
+        ] {
+            assert!(envd_request(path, &h).is_none(), "{path}");
+        }
     }
 }

@@ -237,6 +237,18 @@ async fn wire_level_answers() {
         )
         .await;
     assert_eq!(s, 200, "connect to a running sandbox");
+    // Some SDK releases send the sandbox headers on control-plane calls: still the control plane.
+    let resp = w
+        .http
+        .post(format!("{}/sandboxes/{id}/connect", w.url))
+        .header("x-api-key", &w.key)
+        .header("e2b-sandbox-id", &id)
+        .header("e2b-sandbox-port", "49983")
+        .json(&json!({"timeout": 300}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
 
     // envd: routed by header or host name, never by path alone; the key is required.
     let health = |req: reqwest::RequestBuilder| async move { req.send().await.unwrap().status().as_u16() };

@@ -182,8 +182,8 @@ pub async fn run(
     let mcp_stop = tokio_util::sync::CancellationToken::new();
     let addr = listener.local_addr()?;
     let router = app(state.clone()).merge(mcp(state, addr, mcp_stop.clone()));
-    // E2B's control plane beside `/v1`, and envd requests (`E2b-Sandbox-Id` header or `{port}-{id}.` host
-    // name) routed to the adapter before any path matching (crate hearth-e2b, calling this API over loopback).
+    // E2B's control plane beside `/v1`, and envd's paths on requests naming a sandbox (`E2b-Sandbox-Id` header
+    // or `{port}-{id}.` host name) to the envd adapter (crate hearth-e2b, calling this API over loopback).
     let e2b = hearth_e2b::Adapter::new(&hearth_mcp::loopback_url(addr), mcp_stop.clone())
         .map_err(std::io::Error::other)?;
     let router = e2b.router(router);
