@@ -54,6 +54,9 @@ pub fn routes(shared: Arc<Shared>) -> Router {
         .route("/snapshots", get(list_snapshots))
         .route("/templates/{id}", delete(delete_template))
         .route("/templates/aliases/{alias}", get(template_alias))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+            RestError::new(500, "internal error").into_response()
+        }))
         .with_state(shared)
 }
 

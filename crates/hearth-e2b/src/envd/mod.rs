@@ -45,6 +45,9 @@ pub fn routes(shared: Arc<Shared>) -> Router {
         .route("/filesystem.Filesystem/{method}", post(filesystem::dispatch))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+            Fault::new(Code::Internal, "internal error").unary_response()
+        }))
         .with_state(shared)
 }
 

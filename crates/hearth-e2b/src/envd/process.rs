@@ -391,7 +391,12 @@ async fn wait_for(envd: &Envd, pid: u32) -> Result<mpsc::Receiver<Event>, Fault>
     let (tx, rx) = mpsc::channel(4);
     let (api, sandbox) = (envd.api.clone(), envd.sandbox.clone());
     tokio::spawn(async move {
-        let events = match api.wait_process(&sandbox, pid, None).await {
+        // Stop waiting when the attached stream goes away.
+        let waited = tokio::select! {
+            r = api.wait_process(&sandbox, pid, None) => r,
+            _ = tx.closed() => return,
+        };
+        let events = match waited {
             Ok(r) => vec![
                 Event::Stdout(Bytes::from(r.stdout)),
                 Event::Stderr(Bytes::from(r.stderr)),

@@ -2,6 +2,7 @@
 point at the daemon, E2B_API_KEY is its key. Run by tests/sdks.rs, which checks for "[py] ok" on stderr; every
 step asserts what the SDK returned, and the first failure exits non-zero."""
 
+import io
 import os
 import sys
 import time
@@ -111,6 +112,10 @@ assert sbx.files.read("/root/notes.txt") == "some notes"
 data = bytes(range(256))
 sbx.files.write("/root/deep/er/bytes.bin", data)
 assert sbx.files.read("/root/deep/er/bytes.bin", format="bytes") == data
+big = os.urandom(3 * 1024 * 1024)
+sbx.files.write("/root/big.bin", io.BytesIO(big))  # a file-like body goes as application/octet-stream
+assert sbx.files.read("/root/big.bin", format="bytes") == big
+assert sbx.files.get_info("/root/big.bin").size == len(big)
 assert sbx.files.make_dir("/root/dir/sub") is True
 assert sbx.files.make_dir("/root/dir/sub") is False
 names = [e.name for e in sbx.files.list("/root")]
