@@ -55,10 +55,37 @@ pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 /// Header naming the port of an envd request.
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 
+/// The id E2B callers see for a hearth sandbox: `sbx_0123…` becomes `sbx-0123…`. The SDKs put the id in host
+/// names (`49983-{id}.DOMAIN`), and OpenSSL-based clients (the Python SDK) refuse a wildcard certificate for a
+/// host label with an underscore. Ids of other shapes pass unchanged.
+pub fn e2b_sandbox_id(hearth_id: &str) -> String {
+    match hearth_id.strip_prefix("sbx_") {
+        Some(hex) if hearth_api::is_valid_sandbox_id(hearth_id) => format!("sbx-{hex}"),
+        _ => hearth_id.to_owned(),
+    }
+}
+
+/// The hearth id for a sandbox id an E2B caller sent: `sbx-…` (as the adapter hands them out) or hearth's own
+/// `sbx_…`. Anything else passes unchanged (and the daemon answers that it does not exist).
+pub fn hearth_sandbox_id(id: &str) -> String {
+    match id.strip_prefix("sbx-") {
+        Some(hex) => {
+            let hearth = format!("sbx_{hex}");
+            if hearth_api::is_valid_sandbox_id(&hearth) {
+                hearth
+            } else {
+                id.to_owned()
+            }
+        }
+        None => id.to_owned(),
+    }
+}
+
 /// The sandbox (and port) an envd request is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnvdTarget {
-    /// As sent: validated later (an unknown or malformed id answers like a sandbox that does not exist).
+    /// hearth's id ([`hearth_sandbox_id`] of what was sent); not validated here (an unknown or malformed id
+    /// answers like a sandbox that does not exist).
     pub sandbox_id: String,
     pub port: u16,
 }
@@ -86,7 +113,7 @@ pub fn is_envd_path(path: &str) -> bool {
 /// (`49983-sbx_0123456789abcdef.e2b.example.com`).
 pub fn envd_target(headers: &HeaderMap) -> Option<EnvdTarget> {
     if let Some(id) = headers.get(SANDBOX_ID_HEADER) {
-        let sandbox_id = String::from_utf8_lossy(id.as_bytes()).trim().to_owned();
+        let sandbox_id = hearth_sandbox_id(String::from_utf8_lossy(id.as_bytes()).trim());
         let port = headers
             .get(SANDBOX_PORT_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -109,7 +136,7 @@ fn host_target(host: &str) -> Option<EnvdTarget> {
         return None;
     }
     let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
-    let id = id.to_ascii_lowercase();
+    let id = hearth_sandbox_id(&id.to_ascii_lowercase());
     hearth_api::is_valid_sandbox_id(&id).then_some(EnvdTarget { sandbox_id: id, port })
 }
 
@@ -205,6 +232,19 @@ mod tests {
             Some(ENVD_PORT)
         );
         assert_eq!(
+            envd_target(&headers(&[("e2b-sandbox-id", "sbx-0123456789abcdef")])).map(|t| t.sandbox_id),
+            Some(id.to_owned()),
+            "the E2B form of the id"
+        );
+        assert_eq!(
+            envd_target(&headers(&[(
+                "host",
+                "49983-sbx-0123456789abcdef.e2b.example.com"
+            )]))
+            .map(|t| t.sandbox_id),
+            Some(id.to_owned())
+        );
+        assert_eq!(
             envd_target(&headers(&[(
                 "host",
                 "3000-sbx_0123456789ABCDEF.e2b.example.com:443"
@@ -228,6 +268,17 @@ mod tests {
             assert_eq!(envd_target(&headers(&[("host", host)])), None, "{host}");
         }
         assert_eq!(envd_target(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn e2b_ids_have_no_underscore_and_map_back() {
+        assert_eq!(e2b_sandbox_id("sbx_0123456789abcdef"), "sbx-0123456789abcdef");
+        assert_eq!(hearth_sandbox_id("sbx-0123456789abcdef"), "sbx_0123456789abcdef");
+        assert_eq!(hearth_sandbox_id("sbx_0123456789abcdef"), "sbx_0123456789abcdef");
+        for odd in ["sbx-../etc", "sbx-", "xyz", "sbx_zz", ""] {
+            assert_eq!(hearth_sandbox_id(odd), odd);
+            assert_eq!(e2b_sandbox_id(odd), odd);
+        }
     }
 
     #[test]

@@ -229,6 +229,13 @@ async fn wire_level_answers() {
     assert_eq!(sbx["clientID"], "hearth");
     assert_eq!(sbx["envdVersion"], hearth_e2b::ENVD_VERSION);
     assert_eq!(sbx["envdAccessToken"], w.key.as_str());
+    // The E2B form of the id (`-` for hearth's `_`); hearth's own form is accepted too.
+    let hearth_id = id.replacen("sbx-", "sbx_", 1);
+    assert!(hearth_api_id_ok(&hearth_id), "{id}");
+    let (s, v) = w
+        .control(Method::GET, &format!("/sandboxes/{hearth_id}"), None)
+        .await;
+    assert_eq!((s, v["sandboxID"].as_str()), (200, Some(id.as_str())), "{v}");
     let (s, _) = w
         .control(
             Method::POST,
@@ -377,6 +384,10 @@ async fn wire_level_answers() {
     assert_eq!(s, 204);
     let (s, _) = w.control(Method::DELETE, &format!("/sandboxes/{id}"), None).await;
     assert_eq!(s, 404);
+}
+
+fn hearth_api_id_ok(id: &str) -> bool {
+    id.len() == 20 && id.starts_with("sbx_") && id[4..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn base64_decode(s: &str) -> Vec<u8> {

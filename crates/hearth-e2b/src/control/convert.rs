@@ -33,7 +33,7 @@ pub fn state(s: SandboxState) -> Option<State> {
 pub fn sandbox(sbx: &hearth_api::Sandbox, key: &str, domain: &str) -> Sandbox {
     Sandbox {
         template_id: sbx.template.clone(),
-        sandbox_id: sbx.id.clone(),
+        sandbox_id: crate::e2b_sandbox_id(&sbx.id),
         client_id: CLIENT_ID.to_owned(),
         envd_version: ENVD_VERSION.to_owned(),
         envd_access_token: key.to_owned(),
@@ -46,7 +46,7 @@ pub fn detail(sbx: &hearth_api::Sandbox, key: &str, domain: &str) -> Option<Sand
     let state = state(sbx.state)?;
     Some(SandboxDetail {
         template_id: sbx.template.clone(),
-        sandbox_id: sbx.id.clone(),
+        sandbox_id: crate::e2b_sandbox_id(&sbx.id),
         client_id: CLIENT_ID.to_owned(),
         started_at: sbx.created_at.clone(),
         end_at: sbx.end_at.clone(),
@@ -72,7 +72,7 @@ pub fn detail(sbx: &hearth_api::Sandbox, key: &str, domain: &str) -> Option<Sand
 pub fn listed(sbx: &hearth_api::Sandbox) -> Option<ListedSandbox> {
     Some(ListedSandbox {
         template_id: sbx.template.clone(),
-        sandbox_id: sbx.id.clone(),
+        sandbox_id: crate::e2b_sandbox_id(&sbx.id),
         client_id: CLIENT_ID.to_owned(),
         started_at: sbx.created_at.clone(),
         end_at: sbx.end_at.clone(),

@@ -69,7 +69,7 @@ pub fn parse(query: Option<&str>) -> Result<ListQuery, RestError> {
                     .ok_or_else(|| bad("limit (1-1000)"))?
             }
             "nextToken" if !v.is_empty() => q.offset = v.parse().map_err(|_| bad("nextToken"))?,
-            "sandboxID" if !v.is_empty() => q.sandbox_id = Some(v.into_owned()),
+            "sandboxID" if !v.is_empty() => q.sandbox_id = Some(crate::hearth_sandbox_id(&v)),
             _ => {}
         }
     }

@@ -97,6 +97,20 @@ impl FromRequestParts<Arc<Shared>> for Caller {
     }
 }
 
+/// A sandbox id from the path, as hearth's id ([`crate::hearth_sandbox_id`]).
+pub struct Sid(pub String);
+
+impl FromRequestParts<Arc<Shared>> for Sid {
+    type Rejection = RestError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &Arc<Shared>) -> Result<Self, Self::Rejection> {
+        let Path(id) = Path::<String>::from_request_parts(parts, st)
+            .await
+            .map_err(|e| RestError::bad_request(e.to_string()))?;
+        Ok(Sid(crate::hearth_sandbox_id(&id)))
+    }
+}
+
 /// A JSON body; an empty body is `T::default()` (E2B's bodies are optional where it has defaults).
 pub struct Body<T>(pub T);
 
@@ -122,7 +136,11 @@ async fn live(c: &Caller, id: &str) -> RestResult<hearth_api::Sandbox> {
     if sbx.state == SandboxState::Failed {
         return Err(RestError::new(
             404,
-            format!("sandbox {id} failed: {}", sbx.error.unwrap_or_default()),
+            format!(
+                "sandbox {} failed: {}",
+                crate::e2b_sandbox_id(id),
+                sbx.error.unwrap_or_default()
+            ),
         ));
     }
     Ok(sbx)
@@ -138,7 +156,7 @@ async fn create(_: St, c: Caller, Body(n): Body<NewSandbox>) -> RestResult<Respo
         .into_response())
 }
 
-async fn get_info(_: St, c: Caller, Path(id): Path<String>) -> RestResult<Response> {
+async fn get_info(_: St, c: Caller, Sid(id): Sid) -> RestResult<Response> {
     let sbx = live(&c, &id).await?;
     let detail =
         convert::detail(&sbx, &c.key, &c.domain).ok_or_else(|| RestError::new(404, "sandbox not found"))?;
@@ -190,7 +208,7 @@ fn with_next_token(mut resp: Response, next: Option<String>) -> Response {
     resp
 }
 
-async fn kill(State(st): St, c: Caller, Path(id): Path<String>) -> RestResult<StatusCode> {
+async fn kill(State(st): St, c: Caller, Sid(id): Sid) -> RestResult<StatusCode> {
     c.api.delete_sandbox(&id).await?;
     // What the envd adapter kept for it goes with it.
     st.procs.forget_sandbox(&id);
@@ -201,31 +219,21 @@ async fn kill(State(st): St, c: Caller, Path(id): Path<String>) -> RestResult<St
 async fn set_timeout(
     _: St,
     c: Caller,
-    Path(id): Path<String>,
+    Sid(id): Sid,
     Body(t): Body<TimeoutRequest>,
 ) -> RestResult<StatusCode> {
     c.api.set_timeout(&id, convert::timeout(t.timeout)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn refresh(
-    _: St,
-    c: Caller,
-    Path(id): Path<String>,
-    Body(r): Body<RefreshRequest>,
-) -> RestResult<StatusCode> {
+async fn refresh(_: St, c: Caller, Sid(id): Sid, Body(r): Body<RefreshRequest>) -> RestResult<StatusCode> {
     c.api
         .set_timeout(&id, convert::timeout(r.duration.unwrap_or(60))?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn pause(
-    _: St,
-    c: Caller,
-    Path(id): Path<String>,
-    Body(p): Body<PauseRequest>,
-) -> RestResult<StatusCode> {
+async fn pause(_: St, c: Caller, Sid(id): Sid, Body(p): Body<PauseRequest>) -> RestResult<StatusCode> {
     if p.memory == Some(false) {
         return Err(RestError::bad_request(
             "memory false (filesystem-only pause) is not supported: a hearth pause keeps the memory",
@@ -233,7 +241,10 @@ async fn pause(
     }
     let sbx = live(&c, &id).await?;
     if matches!(sbx.state, SandboxState::Paused | SandboxState::Pausing) {
-        return Err(RestError::new(409, format!("sandbox {id} is already paused")));
+        return Err(RestError::new(
+            409,
+            format!("sandbox {} is already paused", crate::e2b_sandbox_id(&id)),
+        ));
     }
     c.api.pause_sandbox(&id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -266,12 +277,7 @@ fn extends(end_at: &str, secs: u64) -> bool {
 }
 
 /// `POST /v2/sandboxes/{id}/connect`: 200 when it was running, 201 when it was resumed.
-async fn connect(
-    _: St,
-    c: Caller,
-    Path(id): Path<String>,
-    Body(r): Body<ConnectRequest>,
-) -> RestResult<Response> {
+async fn connect(_: St, c: Caller, Sid(id): Sid, Body(r): Body<ConnectRequest>) -> RestResult<Response> {
     let (resumed, sbx) = ensure_running(&c, &id, &r).await?;
     let status = if resumed {
         StatusCode::CREATED
@@ -282,15 +288,13 @@ async fn connect(
 }
 
 /// The older `POST /sandboxes/{id}/resume`: 201 when resumed, 409 when it was not paused.
-async fn resume(
-    _: St,
-    c: Caller,
-    Path(id): Path<String>,
-    Body(r): Body<ConnectRequest>,
-) -> RestResult<Response> {
+async fn resume(_: St, c: Caller, Sid(id): Sid, Body(r): Body<ConnectRequest>) -> RestResult<Response> {
     let sbx = live(&c, &id).await?;
     if !matches!(sbx.state, SandboxState::Paused | SandboxState::Pausing) {
-        return Err(RestError::new(409, format!("sandbox {id} is not paused")));
+        return Err(RestError::new(
+            409,
+            format!("sandbox {} is not paused", crate::e2b_sandbox_id(&id)),
+        ));
     }
     let (_, sbx) = ensure_running(&c, &id, &r).await?;
     Ok((
@@ -300,7 +304,7 @@ async fn resume(
         .into_response())
 }
 
-async fn fork(_: St, c: Caller, Path(id): Path<String>, Body(f): Body<ForkRequest>) -> RestResult<Response> {
+async fn fork(_: St, c: Caller, Sid(id): Sid, Body(f): Body<ForkRequest>) -> RestResult<Response> {
     let count = f.count.unwrap_or(1);
     let timeout = f.timeout.map(convert::timeout).transpose()?;
     let forked = c.api.fork_sandbox(&id, count).await?;
@@ -330,12 +334,7 @@ async fn fork(_: St, c: Caller, Path(id): Path<String>, Body(f): Body<ForkReques
 
 /// `POST /sandboxes/{id}/snapshots`: a hearth snapshot; `Sandbox.create(snapshotID)` starts from it. hearth
 /// snapshots have no names, so `names` is empty.
-async fn snapshot(
-    _: St,
-    c: Caller,
-    Path(id): Path<String>,
-    Body(r): Body<SnapshotRequest>,
-) -> RestResult<Response> {
+async fn snapshot(_: St, c: Caller, Sid(id): Sid, Body(r): Body<SnapshotRequest>) -> RestResult<Response> {
     convert::check_snapshot(&r)?;
     let snp = c.api.snapshot_sandbox(&id).await?;
     let info = SnapshotInfo {
@@ -373,7 +372,7 @@ async fn list_snapshots(_: St, c: Caller, RawQuery(query): RawQuery) -> RestResu
 }
 
 /// `DELETE /templates/{id}`: a snapshot (how the SDKs delete one) or a saved hearth template.
-async fn delete_template(_: St, c: Caller, Path(id): Path<String>) -> RestResult<StatusCode> {
+async fn delete_template(_: St, c: Caller, Sid(id): Sid) -> RestResult<StatusCode> {
     if is_valid_snapshot_id(&id) {
         c.api.delete_snapshot(&id).await?;
     } else {
@@ -393,7 +392,7 @@ async fn template_alias(_: St, c: Caller, Path(alias): Path<String>) -> RestResu
 
 /// hearth does not sample CPU and memory: the list is empty (the sandbox must exist). Usage accounting is
 /// `GET /v1/sandboxes/{id}/usage`.
-async fn metrics(_: St, c: Caller, Path(id): Path<String>) -> RestResult<Response> {
+async fn metrics(_: St, c: Caller, Sid(id): Sid) -> RestResult<Response> {
     live(&c, &id).await?;
     Ok(Json(Vec::<wire::Metric>::new()).into_response())
 }
@@ -401,7 +400,7 @@ async fn metrics(_: St, c: Caller, Path(id): Path<String>) -> RestResult<Respons
 async fn update_network(
     _: St,
     c: Caller,
-    Path(id): Path<String>,
+    Sid(id): Sid,
     Body(net): Body<NetworkConfig>,
 ) -> RestResult<StatusCode> {
     c.api

@@ -28,7 +28,8 @@ const sbx = await Sandbox.create(template, {
   metadata: { suite },
   envs: { FROM_CREATE: 'yes' },
 })
-assert.match(sbx.sandboxId, /^sbx_[0-9a-f]{16}$/)
+// The E2B form of a hearth id: `-` for `_`, so that it is a valid TLS host label.
+assert.match(sbx.sandboxId, /^sbx-[0-9a-f]{16}$/)
 let info = await sbx.getInfo()
 assert.equal(info.state, 'running')
 assert.equal(info.templateId, template)
