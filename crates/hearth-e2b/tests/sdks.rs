@@ -274,6 +274,32 @@ async fn wire_level_answers() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 401, "envd without a token");
+    let resp = w
+        .http
+        .get(format!("{}/health", w.url))
+        .header("e2b-sandbox-id", &id)
+        .header("x-access-token", "hk_wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401, "envd with a wrong token");
+    let (s, v) = w
+        .unary(&id, "/filesystem.Filesystem/Stat", json!({"path": "/"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let resp = w
+        .http
+        .post(format!("{}/filesystem.Filesystem/Stat", w.url))
+        .header("e2b-sandbox-id", &id)
+        .header("x-access-token", "hk_wrong")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "unauthenticated", "{body}");
     let by_host = w
         .http
         .get(format!("{}/health", w.url))
