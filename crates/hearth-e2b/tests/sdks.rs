@@ -420,3 +420,67 @@ fn base64_decode(s: &str) -> Vec<u8> {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()
 }
+
+/// E2B's network options become hearth egress policies (a daemon with sandbox networking on; its uplink a
+/// namespace this test made, with no route anywhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_options_become_hearth_policies() {
+    use reqwest::Method;
+    // Declared first so that it is removed last, after the daemon and its sandboxes.
+    let uplink = hearth_testkit::TestNetns::new("he2b");
+    let bins = tokio::task::spawn_blocking(bin_dir).await.unwrap();
+    let daemon = Hearthd::start_async(
+        Options::new()
+            .bin(bins.join("hearthd"))
+            .cleanup_with_cli(bins.join("hearth"))
+            .uplink(&uplink, "10.213.84.0/24"),
+    )
+    .await;
+    let w = Wire {
+        http: reqwest::Client::new(),
+        url: daemon.url.clone(),
+        key: daemon.key.clone(),
+    };
+    let policy = |id: String| {
+        let (http, url, key) = (w.http.clone(), w.url.clone(), w.key.clone());
+        async move {
+            let id = id.replacen("sbx-", "sbx_", 1);
+            let resp = http
+                .get(format!("{url}/v1/sandboxes/{id}/network"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.json::<Value>().await.unwrap()["egress"].clone()
+        }
+    };
+    // The usual E2B pattern: deny everything, allow a few destinations (domains included).
+    let body = json!({"templateID": "minimal", "network": {
+        "denyOut": ["0.0.0.0/0"], "allowOut": ["pypi.org", "1.1.1.1"]}});
+    let (s, sbx) = w.control(Method::POST, "/v2/sandboxes", Some(body)).await;
+    assert_eq!(s, 201, "{sbx}");
+    let id = sbx["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(
+        policy(id.clone()).await,
+        json!({"default": "deny", "allow": ["pypi.org", "1.1.1.1"]})
+    );
+    // updateNetwork replaces it at once: no internet at all.
+    let (s, v) = w
+        .control(
+            Method::PUT,
+            &format!("/sandboxes/{id}/network"),
+            Some(json!({"allow_internet_access": false})),
+        )
+        .await;
+    assert_eq!(s, 204, "{v}");
+    assert_eq!(policy(id.clone()).await, json!({"default": "deny"}));
+    // An empty update is hearth's default (everything but the always-denied destinations).
+    let (s, _) = w
+        .control(Method::PUT, &format!("/sandboxes/{id}/network"), Some(json!({})))
+        .await;
+    assert_eq!(s, 204);
+    assert_eq!(policy(id.clone()).await, json!({"default": "allow"}));
+    let (s, _) = w.control(Method::DELETE, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(s, 204);
+}
