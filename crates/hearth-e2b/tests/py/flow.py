@@ -153,6 +153,20 @@ sbx.set_timeout(900)
 left = sbx.get_info().end_at.timestamp() - time.time()
 assert 850 < left < 950, left
 
+# snapshots and forks: children continue the sandbox's state
+snap = sbx.create_snapshot()
+assert snap.snapshot_id.startswith("snp_"), snap
+assert snap.snapshot_id in [s.snapshot_id for s in sbx.list_snapshots().next_items()]
+child = Sandbox.create(snap.snapshot_id, timeout=120)
+assert child.files.read("/root/deep/er/bytes.bin", format="bytes") == data
+assert child.kill() is True
+forks = sbx.fork(count=1)
+assert len(forks) == 1 and isinstance(forks[0], Sandbox), forks
+assert forks[0].files.read("/root/deep/er/bytes.bin", format="bytes") == data
+assert forks[0].kill() is True
+assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+log("snapshot/fork ok")
+
 # pause, then connect resumes it with its state intact
 sleeper = sbx.commands.run("sleep 1000", background=True)
 sleeper.disconnect()
