@@ -2,12 +2,14 @@
 point at the daemon, E2B_API_KEY is its key. Run by tests/sdks.rs, which checks for "[py] ok" on stderr; every
 step asserts what the SDK returned, and the first failure exits non-zero."""
 
+import asyncio
 import io
 import os
 import sys
 import time
 
 from e2b import (
+    AsyncSandbox,
     CommandExitException,
     FileNotFoundException,
     FileType,
@@ -195,6 +197,45 @@ assert Sandbox.kill(sbx.sandbox_id) is False
 raises(SandboxNotFoundException, lambda: Sandbox.connect(sbx.sandbox_id))
 assert sbx.is_running() is False
 log("kill ok")
+
+# the asyncio flavour: its own transport, streamed watches (where the sync SDK polls), callbacks for background
+# output
+
+
+async def async_flow():
+    a = await AsyncSandbox.create(TEMPLATE, timeout=300)
+    out = []
+    r = await a.commands.run("echo a; sleep 1; echo b", on_stdout=out.append)
+    assert r.exit_code == 0 and out == ["a\n", "b\n"], (r, out)
+    bg = []
+    h = await a.commands.run("cat", background=True, stdin=True, on_stdout=bg.append)
+    await a.commands.send_stdin(h.pid, "x\n")
+    for _ in range(200):
+        if bg:
+            break
+        await asyncio.sleep(0.1)
+    assert bg == ["x\n"], bg
+    assert await h.kill() is True
+    events = []
+    await a.files.make_dir("/root/w")
+    w = await a.files.watch_dir("/root/w", on_event=lambda e: events.append(f"{e.type.value}:{e.name}"))
+    await a.files.write("/root/w/f", "1")
+    for _ in range(200):
+        if "write:f" in events:
+            break
+        await asyncio.sleep(0.1)
+    await w.stop()
+    assert "create:f" in events and "write:f" in events, events
+    try:
+        await a.commands.run("exit 4")
+        raise AssertionError("expected CommandExitException")
+    except CommandExitException as e:
+        assert e.exit_code == 4
+    assert await a.kill() is True
+
+
+asyncio.run(async_flow())
+log("async ok")
 
 # a template with bash runs commands with bash (minimal has only busybox sh)
 bash_template = os.environ.get("HEARTH_E2B_BASH_TEMPLATE")
