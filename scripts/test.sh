@@ -10,6 +10,9 @@ log "host dependencies"
 bash scripts/install-deps.sh
 bash scripts/install-test-deps.sh
 
+log "E2B SDKs (crates/hearth-e2b/tests)"
+bash scripts/install-e2b-test-deps.sh
+
 log "guest images"
 bash images/build.sh
 

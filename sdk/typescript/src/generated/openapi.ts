@@ -1021,7 +1021,13 @@ export interface components {
             env?: {
                 [key: string]: string;
             };
-            /** @description Bytes (UTF-8 text) written to the command's stdin, which is then closed. */
+            /**
+             * @description Keep the command's stdin open (after `stdin`, if given, is written) so that
+             *     `POST .../processes/{pid}/stdin` can feed and close it while the output streams. Foreground commands
+             *     only: a background command's stdin is always open. Default false (stdin is empty).
+             */
+            keep_stdin_open?: boolean;
+            /** @description Bytes (UTF-8 text) written to the command's stdin, which is then closed (unless `keep_stdin_open`). */
             stdin?: string | null;
             /**
              * Format: int64
