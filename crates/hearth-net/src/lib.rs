@@ -24,6 +24,7 @@
 //! - [`nflog`]: reads the kernel's NFLOG records of the nftables rules into audit events.
 //! - [`ruleset`]: the nftables rulesets (sandbox table, hub table, peer pairs) as text for `nft -f -`.
 //! - [`policy`]: parsed egress policy and its decisions.
+//! - [`limits`]: how many connections one sandbox, and all together, may make the daemon hold.
 //! - [`dns`]: the per-sandbox resolver and the upstream client.
 //! - [`proxy`]: the transparent TCP egress proxy (TLS SNI / HTTP Host).
 //! - [`audit`]: the bounded per-sandbox egress log and its counters.
@@ -33,6 +34,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 pub mod audit;
 pub mod ctx;
 pub mod dns;
+pub mod limits;
 pub mod netns;
 pub mod nflog;
 pub mod plane;

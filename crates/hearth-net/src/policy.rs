@@ -38,6 +38,12 @@ pub mod reason {
     pub const RESOLVES_TO_DENIED: &str = "resolves_to_denied";
     pub const UNRESOLVABLE: &str = "unresolvable";
     pub const SPOOFED: &str = "spoofed";
+    /// A later request on a kept-alive HTTP connection names another host than the first.
+    pub const HOST_CHANGED: &str = "host_changed";
+    /// An HTTP request the proxy cannot frame with certainty (see [`crate::proxy`]).
+    pub const MALFORMED_HTTP: &str = "malformed_http";
+    /// The sandbox (or all sandboxes together) holds as many connections as it may ([`crate::limits`]).
+    pub const CONNECTION_LIMIT: &str = "connection_limit";
 }
 
 /// A policy that cannot be used. Each message names the rule at fault.

@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 pub use upstream::{DEFAULT_TIMEOUT, ResolveError, Upstream};
 
 use crate::ctx::SandboxNetCtx;
+use crate::limits::{DNS_TCP_CONNECTION_FDS, RefusalLog};
 use crate::policy::{Decision, reason};
 
 /// Queries one resolver handles at once; more are dropped (the guest retries).
@@ -37,12 +38,10 @@ const MAX_ANSWERS: usize = 16;
 const PRIVATE_TTL: u32 = 5;
 /// Longest TTL handed to the guest.
 const MAX_TTL: u32 = 60;
-/// DNS-over-TCP connections served at once.
-const MAX_TCP_CONNECTIONS: usize = 16;
 /// Queries answered on one TCP connection.
-const MAX_TCP_QUERIES: usize = 64;
+pub const MAX_TCP_QUERIES: usize = 64;
 /// A TCP connection idle this long is closed.
-const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+pub const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Denied addresses logged per query (a hostile upstream could return hundreds).
 const MAX_DENIED_LOGGED: usize = 4;
 
@@ -96,7 +95,9 @@ pub fn spawn_resolver(
 }
 
 /// Serves DNS over TCP (RFC 7766 framing) on `listener` (bound in the sandbox namespace), for clients that fall
-/// back to TCP. Same answers as over UDP. Must be called inside a Tokio runtime.
+/// back to TCP. Same answers as over UDP. At most [`crate::limits::NetLimits::dns_tcp_per_sandbox`] connections
+/// at once, each taking a descriptor from the shared budget, [`MAX_TCP_QUERIES`] queries each, closed after
+/// [`TCP_IDLE`] without a query; connections beyond are reset at once. Must be called inside a Tokio runtime.
 pub fn spawn_tcp_resolver(
     listener: std::net::TcpListener,
     ctx: Arc<SandboxNetCtx>,
@@ -113,22 +114,44 @@ pub fn spawn_tcp_resolver(
                 return;
             }
         };
-        let connections = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
+        let connections = Arc::new(Semaphore::new(ctx.limits.dns_tcp_per_sandbox.max(1)));
+        let refusals = RefusalLog::default();
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
             let Ok(permit) = connections.clone().try_acquire_owned() else {
+                refuse(stream, &ctx, &refusals, "sandbox");
+                continue;
+            };
+            let Some(fds) = ctx.limits.budget.try_take(DNS_TCP_CONNECTION_FDS) else {
+                refuse(stream, &ctx, &refusals, "global");
                 continue;
             };
             let (ctx, upstream) = (ctx.clone(), upstream.clone());
             tokio::spawn(async move {
                 serve_tcp(stream, &ctx, &upstream).await;
-                drop(permit);
+                drop((permit, fds));
             });
         }
     })
+}
+
+/// Resets a DNS-over-TCP connection over a limit at once (no task, no `TIME_WAIT`); logged at most once a
+/// second.
+fn refuse(stream: tokio::net::TcpStream, ctx: &SandboxNetCtx, refusals: &RefusalLog, limit: &'static str) {
+    if refusals.refused("dns_tcp", limit) {
+        tracing::warn!(sandbox = %ctx.id, limit, "DNS-over-TCP at its connection limit");
+        ctx.audit.record(
+            NetProtocol::Dns,
+            None,
+            None,
+            None,
+            &Decision::denied(reason::CONNECTION_LIMIT),
+        );
+    }
+    let _ = stream.set_zero_linger();
 }
 
 /// Answers length-prefixed queries on one connection until the client closes, sends garbage or idles.

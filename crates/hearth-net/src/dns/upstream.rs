@@ -54,6 +54,9 @@ pub struct Upstream {
     netns: PathBuf,
     timeout: Duration,
     cache: Mutex<HashMap<CacheKey, (Instant, Vec<IpAddr>)>>,
+    /// One socket per exchange in flight, at most [`crate::limits::UPSTREAM_SOCKETS`] across every sandbox;
+    /// further lookups wait their turn (within their timeout).
+    sockets: tokio::sync::Semaphore,
 }
 
 impl Upstream {
@@ -65,6 +68,7 @@ impl Upstream {
             netns: netns.into(),
             timeout: DEFAULT_TIMEOUT,
             cache: Mutex::new(HashMap::new()),
+            sockets: tokio::sync::Semaphore::new(crate::limits::UPSTREAM_SOCKETS),
         }
     }
 
@@ -140,6 +144,14 @@ impl Upstream {
             SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
             SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
         };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let timeout = || ResolveError::Timeout {
+            name: name.to_owned(),
+        };
+        let _socket_slot = tokio::time::timeout_at(deadline, self.sockets.acquire())
+            .await
+            .map_err(|_| timeout())?
+            .map_err(|_| timeout())?;
         let ns = self.netns.clone();
         let std_socket = tokio::task::spawn_blocking(move || crate::netns::udp_socket(&ns, bind))
             .await
@@ -155,7 +167,6 @@ impl Upstream {
             name: name.to_owned(),
         })?;
 
-        let deadline = tokio::time::Instant::now() + self.timeout;
         let mut buf = vec![0u8; 4096];
         loop {
             socket.send(&bytes).await?;
@@ -183,9 +194,7 @@ impl Upstream {
                 };
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(ResolveError::Timeout {
-                    name: name.to_owned(),
-                });
+                return Err(timeout());
             }
         }
     }
