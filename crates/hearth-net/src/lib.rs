@@ -15,7 +15,9 @@
 //!
 //! The daemon's per-sandbox services (DNS resolver on [`GATEWAY`]:53, egress proxy on [`GATEWAY`]:[`PROXY_PORT`])
 //! listen on sockets created inside the sandbox namespace ([`netns::in_netns`]); their upstream sockets are
-//! created in the uplink namespace, so a test can give the daemon a fake internet.
+//! created in the uplink namespace, so a test can give the daemon a fake internet. How many connections they
+//! hold per sandbox and together is bounded ([`limits`]); everything they read from a guest is hostile and each
+//! decoder of it has a fuzz target (`crates/hearth-net/fuzz`).
 //!
 //! # Layout
 //! - [`netns`]: run code in a named network namespace; create sockets there.
@@ -26,7 +28,8 @@
 //! - [`policy`]: parsed egress policy and its decisions.
 //! - [`limits`]: how many connections one sandbox, and all together, may make the daemon hold.
 //! - [`dns`]: the per-sandbox resolver and the upstream client.
-//! - [`proxy`]: the transparent TCP egress proxy (TLS SNI / HTTP Host).
+//! - [`proxy`]: the transparent TCP egress proxy (TLS SNI / HTTP Host; every request of a kept-alive HTTP/1
+//!   connection is framed and judged).
 //! - [`audit`]: the bounded per-sandbox egress log and its counters.
 
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -33,7 +33,7 @@ use crate::policy::{Decision, reason};
 /// Queries one resolver handles at once; more are dropped (the guest retries).
 const MAX_IN_FLIGHT: usize = 64;
 /// Answers carry at most this many addresses.
-const MAX_ANSWERS: usize = 16;
+pub const MAX_ANSWERS: usize = 16;
 /// TTL of private-network answers (peers come and go).
 const PRIVATE_TTL: u32 = 5;
 /// Longest TTL handed to the guest.
@@ -73,12 +73,9 @@ pub fn spawn_resolver(
                     continue;
                 }
             };
-            let Ok(request) = Message::from_vec(&buf[..len]) else {
+            let Some(request) = parse_query(&buf[..len]) else {
                 continue;
             };
-            if request.metadata.message_type != MessageType::Query {
-                continue;
-            }
             let Ok(permit) = in_flight.clone().try_acquire_owned() else {
                 continue;
             };
@@ -167,12 +164,9 @@ async fn serve_tcp(mut stream: tokio::net::TcpStream, ctx: &SandboxNetCtx, upstr
         })
         .await;
         let Ok(Ok(buf)) = read else { return };
-        let Ok(request) = Message::from_vec(&buf) else {
+        let Some(request) = parse_query(&buf) else {
             return;
         };
-        if request.metadata.message_type != MessageType::Query {
-            return;
-        }
         let reply = answer(&request, ctx, upstream).await;
         let Some(bytes) = encode(&request, reply, usize::from(u16::MAX)) else {
             return;
@@ -188,7 +182,7 @@ async fn serve_tcp(mut stream: tokio::net::TcpStream, ctx: &SandboxNetCtx, upstr
 
 /// The largest UDP reply the client accepts: 512 bytes without EDNS, else what it advertises (up to 1232, the
 /// size that avoids fragmentation).
-fn udp_limit(request: &Message) -> usize {
+pub fn udp_limit(request: &Message) -> usize {
     match &request.edns {
         Some(e) => usize::from(e.max_payload()).clamp(512, 1232),
         None => 512,
@@ -197,7 +191,7 @@ fn udp_limit(request: &Message) -> usize {
 
 /// `reply` encoded, with an OPT record if the request had one, and addresses dropped from the end until it fits
 /// in `limit` bytes.
-fn encode(request: &Message, mut reply: Message, limit: usize) -> Option<Vec<u8>> {
+pub fn encode(request: &Message, mut reply: Message, limit: usize) -> Option<Vec<u8>> {
     if request.edns.is_some() {
         let mut edns = Edns::new();
         edns.set_max_payload(1232);
@@ -212,18 +206,55 @@ fn encode(request: &Message, mut reply: Message, limit: usize) -> Option<Vec<u8>
     }
 }
 
+/// A guest datagram (or TCP message) decoded, if it is a query; anything else is ignored.
+pub fn parse_query(bytes: &[u8]) -> Option<Message> {
+    let request = Message::from_vec(bytes).ok()?;
+    (request.metadata.message_type == MessageType::Query).then_some(request)
+}
+
+/// What the resolver does with a query.
+#[derive(Debug)]
+pub enum Plan {
+    /// Answer at once (refused, not implemented, a private-network name, a type that is not looked up...).
+    Reply(Message),
+    /// Look `name` up upstream as `rtype` (A or AAAA), which `decision` allows; then [`finish`] the reply.
+    Lookup {
+        reply: Message,
+        name: String,
+        rtype: RecordType,
+        decision: Decision,
+    },
+}
+
 /// The reply to `request` (a decoded query).
 pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream) -> Message {
+    match plan(request, ctx) {
+        Plan::Reply(reply) => reply,
+        Plan::Lookup {
+            reply,
+            name,
+            rtype,
+            decision,
+        } => {
+            let result = upstream.lookup(&name, rtype).await;
+            finish(reply, &name, &decision, result, ctx)
+        }
+    }
+}
+
+/// Decides a query without any I/O (every decision but the upstream's answer is taken here); audit entries
+/// of the decisions that end here are recorded.
+pub fn plan(request: &Message, ctx: &SandboxNetCtx) -> Plan {
     let mut reply = Message::response(request.metadata.id, request.metadata.op_code);
     reply.metadata.recursion_desired = request.metadata.recursion_desired;
     reply.metadata.recursion_available = true;
     if request.metadata.op_code != OpCode::Query {
         reply.metadata.response_code = ResponseCode::NotImp;
-        return reply;
+        return Plan::Reply(reply);
     }
     if request.queries.len() != 1 {
         reply.metadata.response_code = ResponseCode::FormErr;
-        return reply;
+        return Plan::Reply(reply);
     }
     let query = &request.queries[0];
     reply.add_query(query.clone());
@@ -237,7 +268,7 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
             None,
             &Decision::denied(reason::DNS_BLOCKED),
         );
-        return reply;
+        return Plan::Reply(reply);
     };
     if query.query_class() != DNSClass::IN {
         reply.metadata.response_code = ResponseCode::Refused;
@@ -248,36 +279,12 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
             Some(&name),
             &Decision::denied(reason::DNS_BLOCKED),
         );
-        return reply;
+        return Plan::Reply(reply);
     }
     let rtype = query.query_type();
 
     if name == "internal" || name.ends_with(".internal") {
-        match ctx.private_addr(&name) {
-            Some(addr) => {
-                if rtype == RecordType::A {
-                    reply.add_answer(Record::from_rdata(qname.clone(), PRIVATE_TTL, RData::A(A(addr))));
-                }
-                ctx.audit.record(
-                    NetProtocol::Dns,
-                    Some(IpAddr::V4(addr)),
-                    None,
-                    Some(&name),
-                    &Decision::allowed(reason::PRIVATE_PEER),
-                );
-            }
-            None => {
-                reply.metadata.response_code = ResponseCode::NXDomain;
-                ctx.audit.record(
-                    NetProtocol::Dns,
-                    None,
-                    None,
-                    Some(&name),
-                    &Decision::denied(reason::UNRESOLVABLE),
-                );
-            }
-        }
-        return reply;
+        return Plan::Reply(private_answer(reply, &name, rtype, ctx));
     }
 
     let policy = ctx.policy();
@@ -286,15 +293,63 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
         reply.metadata.response_code = ResponseCode::Refused;
         ctx.audit
             .record(NetProtocol::Dns, None, None, Some(&name), &decision);
-        return reply;
+        return Plan::Reply(reply);
     }
     if rtype != RecordType::A && rtype != RecordType::AAAA {
         // Allowed name, but only addresses are looked up: nothing else leaves through the resolver.
         ctx.audit
             .record(NetProtocol::Dns, None, None, Some(&name), &decision);
-        return reply;
+        return Plan::Reply(reply);
     }
-    let addrs = match upstream.lookup(&name, rtype).await {
+    Plan::Lookup {
+        reply,
+        name,
+        rtype,
+        decision,
+    }
+}
+
+/// A `*.internal` name answered from the sandbox's private-network names.
+fn private_answer(mut reply: Message, name: &str, rtype: RecordType, ctx: &SandboxNetCtx) -> Message {
+    match ctx.private_addr(name) {
+        Some(addr) => {
+            if rtype == RecordType::A
+                && let Some(qname) = reply.queries.first().map(|q| q.name().clone())
+            {
+                reply.add_answer(Record::from_rdata(qname, PRIVATE_TTL, RData::A(A(addr))));
+            }
+            ctx.audit.record(
+                NetProtocol::Dns,
+                Some(IpAddr::V4(addr)),
+                None,
+                Some(name),
+                &Decision::allowed(reason::PRIVATE_PEER),
+            );
+        }
+        None => {
+            reply.metadata.response_code = ResponseCode::NXDomain;
+            ctx.audit.record(
+                NetProtocol::Dns,
+                None,
+                None,
+                Some(name),
+                &Decision::denied(reason::UNRESOLVABLE),
+            );
+        }
+    }
+    reply
+}
+
+/// The reply of a [`Plan::Lookup`] once the upstream answered `result`: the addresses that are not always
+/// denied (at most [`MAX_ANSWERS`]), or the upstream's failure.
+pub fn finish(
+    mut reply: Message,
+    name: &str,
+    decision: &Decision,
+    result: Result<Vec<IpAddr>, ResolveError>,
+    ctx: &SandboxNetCtx,
+) -> Message {
+    let addrs = match result {
         Ok(addrs) => addrs,
         Err(e) => {
             reply.metadata.response_code = match e {
@@ -306,12 +361,13 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
                 NetProtocol::Dns,
                 None,
                 None,
-                Some(&name),
+                Some(name),
                 &Decision::denied(reason::UNRESOLVABLE),
             );
             return reply;
         }
     };
+    let policy = ctx.policy();
     let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) = addrs
         .into_iter()
         .partition(|ip| policy.decide_addr(*ip, &ctx.extra_denied).reason != reason::ALWAYS_DENIED);
@@ -320,7 +376,7 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
             NetProtocol::Dns,
             Some(*ip),
             None,
-            Some(&name),
+            Some(name),
             &Decision::denied(reason::RESOLVES_TO_DENIED),
         );
     }
@@ -329,10 +385,13 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
             NetProtocol::Dns,
             kept.first().copied(),
             None,
-            Some(&name),
-            &decision,
+            Some(name),
+            decision,
         );
     }
+    let Some(qname) = reply.queries.first().map(|q| q.name().clone()) else {
+        return reply;
+    };
     for ip in kept.into_iter().take(MAX_ANSWERS) {
         let data = match ip {
             IpAddr::V4(v4) => RData::A(A(v4)),

@@ -275,10 +275,12 @@ impl RequestFramer {
         let room = MAX_TRAILERS.saturating_sub(seen);
         let window = &input[..input.len().min(room)];
         let Some(end) = find(window, b"\r\n") else {
-            return if input.len() >= room {
-                Step::Error(FrameError::TrailersTooLarge)
-            } else if window.contains(&b'\n') {
+            // A bare LF is refused wherever it is seen first, so the error does not depend on how the bytes
+            // arrive.
+            return if window.contains(&b'\n') {
                 Step::Error(FrameError::Header)
+            } else if input.len() >= room {
+                Step::Error(FrameError::TrailersTooLarge)
             } else {
                 Step::NeedMore
             };
