@@ -58,7 +58,9 @@ for dir in crates/*/fuzz; do
       rm -f "$out"
     else
       echo "FUZZ FAILURE: $crate/$target" >&2
-      tail -n 80 "$out" >&2
+      grep -E -A4 "panicked at|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)" "$out" | head -n 30 >&2 || true
+      echo "--- last lines of the fuzzer's output ---" >&2
+      tail -n 30 "$out" >&2
       artifact=$(grep -Eo 'Test unit written to [^ ]+' "$out" | tail -n 1 | sed 's/^Test unit written to //' || true)
       if [ -n "$artifact" ]; then
         case "$artifact" in /*) ;; *) artifact="$(pwd)/$dir/$artifact" ;; esac
