@@ -24,7 +24,7 @@ use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-pub use upstream::{DEFAULT_TIMEOUT, ResolveError, Upstream};
+pub use upstream::{DEFAULT_TIMEOUT, ResolveError, Upstream, decode_reply};
 
 use crate::ctx::SandboxNetCtx;
 use crate::limits::{DNS_TCP_CONNECTION_FDS, RefusalLog};

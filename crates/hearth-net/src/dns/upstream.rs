@@ -179,15 +179,15 @@ impl Upstream {
                     Ok(Err(_)) => continue,
                     Err(_) => break,
                 };
-                let Some(reply) = matching_reply(&buf[..len], id, qname, rtype) else {
+                let Some(reply) = decode_reply(&buf[..len], id, qname, rtype) else {
                     continue;
                 };
-                return match reply.metadata.response_code {
-                    ResponseCode::NoError => Ok(addresses(&reply, qname, rtype)),
-                    ResponseCode::NXDomain => Err(ResolveError::NxDomain {
+                return match reply {
+                    Ok(found) => Ok(found),
+                    Err(ResponseCode::NXDomain) => Err(ResolveError::NxDomain {
                         name: name.to_owned(),
                     }),
-                    code => Err(ResolveError::Failed {
+                    Err(code) => Err(ResolveError::Failed {
                         name: name.to_owned(),
                         code,
                     }),
@@ -224,6 +224,23 @@ impl Upstream {
             ),
         );
     }
+}
+
+/// An upstream datagram read as the answer to the query `id` for `qname`/`rtype`: `None` if it is not that
+/// answer (another id, not a response, another question, undecodable: ignored, so a spoofed or stale datagram
+/// cannot inject addresses); otherwise the addresses and their smallest TTL ([`addresses`]), or the error code.
+/// The upstream is not the guest, but a name the policy allows can be served by a zone the guest controls.
+pub fn decode_reply(
+    bytes: &[u8],
+    id: u16,
+    qname: &Name,
+    rtype: RecordType,
+) -> Option<Result<(Vec<IpAddr>, u32), ResponseCode>> {
+    let reply = matching_reply(bytes, id, qname, rtype)?;
+    Some(match reply.metadata.response_code {
+        ResponseCode::NoError => Ok(addresses(&reply, qname, rtype)),
+        code => Err(code),
+    })
 }
 
 /// `bytes` decoded, if it is the answer to our query: same id, a response, our question and only it.
