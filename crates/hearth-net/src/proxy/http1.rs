@@ -552,6 +552,9 @@ mod tests {
             let got = parse_head(req.as_bytes(), true).unwrap().host;
             assert_eq!(got.as_deref(), host, "{req:?}");
         }
+        // Bytes beyond ASCII in another field's value are allowed and do not hide the host.
+        let latin1 = b"GET / HTTP/1.1\r\nX-Name: caf\xe9\r\nHost: a.test\r\n\r\n";
+        assert_eq!(parse_head(latin1, true).unwrap().host.as_deref(), Some("a.test"));
     }
 
     #[test]
