@@ -80,9 +80,8 @@ impl NetLimits {
     /// `nofile` (at least 256) and [`UPSTREAM_SOCKETS`]; one sandbox may hold an eighth of it in proxied
     /// connections (at most [`MAX_PROXY_PER_SANDBOX`], at least 8 where the budget has room for 32) and a
     /// sixty-fourth in DNS-over-TCP connections (at most [`MAX_DNS_TCP_PER_SANDBOX`], at least 4 where it has
-    /// room). With the usual soft limit of 1024: a budget of 640
-    /// descriptors, 40 proxied and 10 DNS-over-TCP connections per sandbox; from a limit of about 22,000 on,
-    /// the per-sandbox maxima.
+    /// room). With the usual soft limit of 1024: a budget of 640 descriptors, 40 proxied and 10 DNS-over-TCP
+    /// connections per sandbox; from a limit of about 5,700 on, the per-sandbox maxima.
     pub fn for_nofile(nofile: u64) -> NetLimits {
         let nofile = usize::try_from(nofile).unwrap_or(usize::MAX);
         let reserve = (nofile / 4).max(256);
@@ -143,6 +142,9 @@ mod tests {
         let l = NetLimits::for_nofile(1024);
         assert_eq!(l.budget.capacity(), 640);
         assert_eq!((l.proxy_per_sandbox, l.dns_tcp_per_sandbox), (40, 10));
+        let l = NetLimits::for_nofile(5700);
+        assert_eq!(l.proxy_per_sandbox, MAX_PROXY_PER_SANDBOX);
+        assert!(NetLimits::for_nofile(5600).proxy_per_sandbox < MAX_PROXY_PER_SANDBOX);
         let l = NetLimits::for_nofile(1 << 20);
         assert_eq!(l.budget.capacity(), (1 << 20) - (1 << 18) - UPSTREAM_SOCKETS);
         assert_eq!(
