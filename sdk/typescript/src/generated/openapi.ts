@@ -825,7 +825,9 @@ export interface components {
             protocol: components["schemas"]["NetProtocol"];
             /**
              * @description Why: `allow_rule`, `deny_rule`, `default_allow`, `default_deny`, `always_denied`, `private_peer`,
-             *     `dns_blocked`, `resolves_to_denied`, `unresolvable`, `spoofed`.
+             *     `dns_blocked`, `resolves_to_denied`, `unresolvable`, `spoofed`, `host_changed` (a later request on a
+             *     kept-alive connection named another host), `malformed_http` (a request the proxy cannot frame),
+             *     `connection_limit` (the sandbox's or the host's connection budget is spent).
              */
             reason: string;
             /** @description The rule that decided, when one did. */
