@@ -17,6 +17,7 @@ pub mod agent;
 pub mod exec;
 pub mod files;
 pub mod fork;
+pub mod integrity;
 pub mod lifecycle;
 pub mod network;
 pub mod pause;
