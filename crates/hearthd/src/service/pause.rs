@@ -292,7 +292,7 @@ impl Sandboxes {
                 "sandbox {id} has no paused state recorded"
             )));
         };
-        self.check_capacity(row.memory_mib)?;
+        let admission = self.admit(row.vcpus, row.memory_mib)?;
         let started = Instant::now();
         if !self
             .db
@@ -300,6 +300,7 @@ impl Sandboxes {
         {
             return Err(ServiceError::Conflict(format!("sandbox {id} changed state")));
         }
+        drop(admission);
         let mut handle = None;
         match self.restore_steps(&row, &paused, disk, &mut handle).await {
             Ok((vm, client)) => {
