@@ -69,7 +69,10 @@ async fn abuse_in_one_sandbox_stays_inside_it() {
         use std::os::unix::fs::MetadataExt;
         m.blocks() * 512
     });
-    assert!(ram > 0 && ram <= 256 << 20, "the guest's memory file holds {ram} bytes");
+    assert!(
+        ram > 0 && ram <= 256 << 20,
+        "the guest's memory file holds {ram} bytes"
+    );
 
     // The programs' limits are in force in the guest.
     let r = d
