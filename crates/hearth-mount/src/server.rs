@@ -183,6 +183,7 @@ pub async fn handle(record: &[u8], exports: &dyn Exports) -> Option<Vec<u8>> {
                 None => mount::call(h.proc_, &mut args, exports, &mut body),
             };
             let accept = accept.unwrap_or(Accept::GarbageArgs);
+            tracing::debug!(prog = h.prog, proc_ = h.proc_, ?accept, status = body.buf.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])), "mount rpc");
             let mut reply = rpc::accepted(h.xid, accept);
             if accept == Accept::Success {
                 reply.buf.extend_from_slice(&body.buf);

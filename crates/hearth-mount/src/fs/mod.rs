@@ -377,12 +377,13 @@ impl Export {
             self.remember(&path)?;
             return Ok(attr);
         }
-        // A fresh listing of the directory answers without another request.
+        // A fresh listing of the directory answers a name it holds without another request (a name it lacks is
+        // asked for: another writer may have made it since, and "written elsewhere, not here yet" must not last).
         let cached = self.state().dirs.get(&dir_path).and_then(|d| {
             (d.fetched.elapsed() < self.limits.attr_ttl).then(|| d.entries.iter().find(|e| e.name == name).cloned())
         });
         match cached {
-            Some(None) => return Err(Status::NoEnt),
+            Some(None) | None => {}
             Some(Some(e)) => {
                 let id = self.remember(&path)?;
                 return Ok(match (e.kind, &e.meta) {
@@ -390,7 +391,6 @@ impl Export {
                     _ => self.getattr(id).await?,
                 });
             }
-            None => {}
         }
         match self.stat_key(&self.key(&path)).await? {
             Some(Stat::File(meta)) => {

@@ -6,6 +6,8 @@
 //! - [`exec`]: commands (buffered, streamed, background) and the process table.
 //! - [`files`]: file content and metadata in the guest.
 //! - [`fork`]: snapshot objects (checkpoints), creating from them, forks.
+//! - [`buckets`]: buckets as named credentials (sealed secrets, probe) and their S3 clients.
+//! - [`mounts`]: buckets mounted in sandboxes (one NFS server per sandbox on its gateway, lifecycle hooks).
 //! - [`network`]: sandbox networks (namespaces, egress policy, resolver, proxy), private networks, audit log.
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
@@ -14,10 +16,12 @@
 //! - [`watch`]: directory watches in the guest.
 
 pub mod agent;
+pub mod buckets;
 pub mod exec;
 pub mod files;
 pub mod fork;
 pub mod lifecycle;
+pub mod mounts;
 pub mod network;
 pub mod pause;
 pub mod pty;
@@ -66,6 +70,9 @@ pub enum ServiceError {
     /// A snapshot's files do not match its manifest.
     #[error("{0}")]
     SnapshotCorrupt(String),
+    /// An error with its own stable code (buckets, mounts).
+    #[error("{1}")]
+    Typed(ErrorCode, String),
     #[error("{0}")]
     Internal(String),
 }
@@ -82,6 +89,7 @@ impl ServiceError {
             ServiceError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             ServiceError::Guest(_) => ErrorCode::GuestError,
             ServiceError::SnapshotCorrupt(_) => ErrorCode::SnapshotCorrupt,
+            ServiceError::Typed(code, _) => *code,
             ServiceError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -169,6 +177,10 @@ pub struct Sandboxes {
     pub(crate) op_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Sandbox networking, when enabled ([`Sandboxes::enable_networking`]).
     pub(crate) net: std::sync::OnceLock<Arc<network::Networking>>,
+    /// Bucket secrets' key and clients ([`Sandboxes::enable_buckets`], or made on first use).
+    pub(crate) buckets: std::sync::OnceLock<buckets::BucketKeys>,
+    /// The mount servers of sandboxes with mounted buckets.
+    pub(crate) mounts: mounts::MountRuntime,
     /// This service itself, for operations that run in their own task.
     me: Weak<Sandboxes>,
 }
@@ -183,6 +195,8 @@ impl Sandboxes {
             live: Mutex::new(HashMap::new()),
             op_locks: Mutex::new(HashMap::new()),
             net: std::sync::OnceLock::new(),
+            buckets: std::sync::OnceLock::new(),
+            mounts: mounts::MountRuntime::default(),
             me: me.clone(),
         })
     }
