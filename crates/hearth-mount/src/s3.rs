@@ -68,7 +68,7 @@ impl Default for BucketOptions {
     fn default() -> Self {
         BucketOptions {
             op_timeout: Duration::from_secs(20),
-            request_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(15),
             max_retries: 2,
         }
     }
@@ -85,7 +85,13 @@ struct Inner {
     config: StoreConfig,
     http: reqwest::Client,
     opts: BucketOptions,
+    /// Until when requests fail at once: set when one found the bucket unreachable, so that a client's
+    /// retries (the kernel retries a failed read) do not each wait out the deadline.
+    down_until: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How long a bucket that did not answer is taken as down.
+const DOWN_FOR: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for Bucket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -117,6 +123,7 @@ impl Bucket {
                 config,
                 http,
                 opts,
+                down_until: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -133,11 +140,27 @@ impl Bucket {
         fut: impl std::future::Future<Output = object_store::Result<T>>,
     ) -> Result<T, S3Error> {
         let limit = self.inner.opts.op_timeout;
-        match tokio::time::timeout(limit, fut).await {
+        if self.is_down() {
+            return Err(S3Error::Timeout(limit));
+        }
+        let r = match tokio::time::timeout(limit, fut).await {
             Err(_) => Err(S3Error::Timeout(limit)),
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.classify(op, key, &e)),
-        }
+        };
+        let unreachable = match &r {
+            Err(S3Error::Timeout(_)) => true,
+            Err(S3Error::Remote(e)) => e.kind == RemoteErrorKind::Unreachable,
+            _ => false,
+        };
+        let mut down = self.inner.down_until.lock().unwrap_or_else(|p| p.into_inner());
+        *down = unreachable.then(|| std::time::Instant::now() + DOWN_FOR);
+        r
+    }
+
+    fn is_down(&self) -> bool {
+        let down = self.inner.down_until.lock().unwrap_or_else(|p| p.into_inner());
+        down.is_some_and(|t| std::time::Instant::now() < t)
     }
 
     fn classify(&self, op: &'static str, key: &str, e: &object_store::Error) -> S3Error {

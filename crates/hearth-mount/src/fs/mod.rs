@@ -104,7 +104,7 @@ impl Limits {
         Limits {
             attr_ttl: Duration::from_secs(1),
             modify_max: 1 << 30,
-            part_size: 16 << 20,
+            part_size: 8 << 20,
             tmp_dir,
         }
     }

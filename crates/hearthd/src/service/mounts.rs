@@ -320,8 +320,11 @@ impl Sandboxes {
         self.flush_mount_usage(Some(id));
         lock(&self.mounts.counters).retain(|(s, _), _| s != id);
         if let Ok(rows) = self.db.list_mounts(Some(id)) {
-            for r in rows {
+            for r in &rows {
                 let _ = self.db.delete_mount(id, &r.path);
+            }
+            if !rows.is_empty() {
+                self.sweep_handle_tables();
             }
         }
     }

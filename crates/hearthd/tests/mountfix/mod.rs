@@ -123,6 +123,15 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Starts a background command in the guest; returns its pid.
+    pub async fn bg(&self, id: &str, cmd: &str) -> u64 {
+        let (st, v) = self.d.run_raw(id, json!({ "cmd": cmd, "background": true })).await;
+        assert!(st.is_success(), "{cmd}: {st} {v}");
+        v["pid"].as_u64().unwrap()
+    }
+}
+
 /// Polls until `f` holds (or fails after `timeout`).
 pub async fn eventually<F, Fut>(what: &str, timeout: Duration, f: F)
 where
