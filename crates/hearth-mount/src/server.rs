@@ -96,8 +96,15 @@ pub async fn serve(listener: TcpListener, exports: Arc<ExportSet>, limits: Serve
         })
     };
     let _sweeper = AbortOnDrop(sweeper);
+    // Connections are tasks of this set: when the server's task is aborted (the sandbox is gone), they go
+    // with it, whatever state the guest left them in.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let (stream, _) = match listener.accept().await {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let (stream, _) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, "mount server accept");
@@ -111,7 +118,7 @@ pub async fn serve(listener: TcpListener, exports: Arc<ExportSet>, limits: Serve
         }
         conns.fetch_add(1, Ordering::Relaxed);
         let (exports, conns, limits) = (exports.clone(), conns.clone(), limits.clone());
-        tokio::spawn(async move {
+        connections.spawn(async move {
             connection(stream, exports, limits).await;
             conns.fetch_sub(1, Ordering::Relaxed);
         });
