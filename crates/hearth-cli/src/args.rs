@@ -159,7 +159,8 @@ pub enum BucketCommand {
     Add {
         name: String,
         /// `s3://BUCKET[/PREFIX]`.
-        url: String,
+        #[arg(value_name = "URL")]
+        bucket_url: String,
         /// Endpoint of a non-AWS service (MinIO, R2: `https://ACCOUNT.r2.cloudflarestorage.com`).
         #[arg(long)]
         endpoint: Option<String>,

@@ -24,7 +24,7 @@ pub async fn bucket(ctx: &Ctx, cmd: BucketCommand) -> anyhow::Result<u8> {
     match cmd {
         BucketCommand::Add {
             name,
-            url,
+            bucket_url,
             endpoint,
             region,
             path_style,
@@ -33,7 +33,7 @@ pub async fn bucket(ctx: &Ctx, cmd: BucketCommand) -> anyhow::Result<u8> {
         } => {
             let req = CreateBucketRequest {
                 name,
-                url,
+                url: bucket_url,
                 endpoint,
                 region,
                 path_style,

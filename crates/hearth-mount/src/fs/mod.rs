@@ -522,6 +522,15 @@ impl Export {
         Ok((out, true))
     }
 
+    /// Forgets cached attributes and listings nobody used for a while (the maps would otherwise grow with every
+    /// name a client ever saw; a dropped entry costs one request when it is needed again).
+    pub(crate) fn prune(&self) {
+        let mut st = self.state();
+        let keep = self.limits.attr_ttl * 30;
+        st.attrs.retain(|_, a| a.fetched.elapsed() < keep);
+        st.dirs.retain(|_, d| d.fetched.elapsed() < keep * 2);
+    }
+
     pub fn read_only(&self) -> bool {
         self.spec.read_only
     }

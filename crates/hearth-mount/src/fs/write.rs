@@ -244,8 +244,9 @@ impl Export {
         Ok(())
     }
 
-    /// Drops clean temporary files nobody used for a while, and abandoned uncommitted ones.
+    /// Drops clean temporary files nobody used for a while, abandoned uncommitted ones, and stale cache entries.
     pub async fn sweep(&self) {
+        self.prune();
         let slots: Vec<(u64, Slot)> = self.dirty.map().iter().map(|(id, (_, s))| (*id, s.clone())).collect();
         for (id, slot) in slots {
             let Ok(mut guard) = slot.try_lock() else { continue };
