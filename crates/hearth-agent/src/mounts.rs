@@ -24,38 +24,23 @@ fn is_mountpoint(path: &str) -> bool {
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .any(|target| unescape(target) == path)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let b = s.as_bytes();
-    // `i + 3 < len`: the three octal digits are all there.
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            if let Ok(v) = u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("x"), 8) {
-                out.push(v as char);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i] as char);
-        i += 1;
-    }
-    out
+        .any(|target| crate::restore::unescape_mount_path(target) == path)
 }
 
 pub(crate) async fn mount_nfs(req: MountRequest) -> Result<(), AgentError> {
     req.validate().map_err(|m| fail(ErrorKind::InvalidRequest, m))?;
     tokio::task::spawn_blocking(move || {
         if is_mountpoint(&req.path) {
-            return Err(fail(ErrorKind::AlreadyExists, format!("something is mounted at {} already", req.path)));
+            return Err(fail(
+                ErrorKind::AlreadyExists,
+                format!("something is mounted at {} already", req.path),
+            ));
         }
         std::fs::create_dir_all(&req.path).map_err(|e| {
             let kind = match e.kind() {
-                std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => ErrorKind::NotADirectory,
+                std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
+                    ErrorKind::NotADirectory
+                }
                 std::io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
                 _ => ErrorKind::Other,
             };
@@ -66,8 +51,14 @@ pub(crate) async fn mount_nfs(req: MountRequest) -> Result<(), AgentError> {
         if req.read_only {
             flags |= MsFlags::MS_RDONLY;
         }
-        mount(Some(source.as_str()), req.path.as_str(), Some("nfs"), flags, Some(options(&req).as_str()))
-            .map_err(|e| fail(ErrorKind::Other, format!("mount {} on {}: {e}", source, req.path)))
+        mount(
+            Some(source.as_str()),
+            req.path.as_str(),
+            Some("nfs"),
+            flags,
+            Some(options(&req).as_str()),
+        )
+        .map_err(|e| fail(ErrorKind::Other, format!("mount {} on {}: {e}", source, req.path)))
     })
     .await
     .map_err(|e| fail(ErrorKind::Other, format!("mount task: {e}")))?
@@ -75,7 +66,10 @@ pub(crate) async fn mount_nfs(req: MountRequest) -> Result<(), AgentError> {
 
 pub(crate) async fn unmount(path: String) -> Result<(), AgentError> {
     if !hearth_proto::msg::valid_guest_path(&path) || path == "/" {
-        return Err(fail(ErrorKind::InvalidPath, "mount path must be absolute and normalised"));
+        return Err(fail(
+            ErrorKind::InvalidPath,
+            "mount path must be absolute and normalised",
+        ));
     }
     tokio::task::spawn_blocking(move || {
         if !is_mountpoint(&path) {
@@ -110,8 +104,9 @@ mod tests {
             read_only: true,
         };
         let o = options(&req);
-        assert!(o.contains("addr=172.16.0.1") && o.contains("port=2049,") && o.contains("nolock"), "{o}");
-        assert_eq!(unescape("/mnt/a\\040b"), "/mnt/a b");
-        assert_eq!(unescape("/plain"), "/plain");
+        assert!(
+            o.contains("addr=172.16.0.1") && o.contains("port=2049,") && o.contains("nolock"),
+            "{o}"
+        );
     }
 }

@@ -259,11 +259,7 @@ async fn only_mounts(args: &Args) -> Result<()> {
     let rows = result?;
     println!(
         "hearth-bench: vmm={} accel={} template={} memory={} MiB host_cpus={} (mount rows only)\n",
-        system.vmm,
-        system.accel,
-        args.mount_template,
-        margs.memory_mib,
-        system.capacity.host_cpus
+        system.vmm, system.accel, args.mount_template, margs.memory_mib, system.capacity.host_cpus
     );
     println!("{}", stats::render(&rows));
     Ok(())

@@ -82,7 +82,10 @@ impl S3sFs {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/opt/hearth/test-tools/bin/s3s-fs"));
         if !bin.is_file() {
-            bail!("{} is missing: run `sudo bash scripts/install-test-deps.sh` (or set HEARTH_S3S_FS)", bin.display());
+            bail!(
+                "{} is missing: run `sudo bash scripts/install-test-deps.sh` (or set HEARTH_S3S_FS)",
+                bin.display()
+            );
         }
         let dir = tempfile::Builder::new().prefix("hearth-bench-s3-").tempdir()?;
         std::fs::create_dir_all(dir.path().join(BUCKET))?;
@@ -136,7 +139,10 @@ impl Drop for S3sFs {
 }
 
 fn mib_s(bytes: u64, d: Duration) -> String {
-    format!("{:.1} MiB/s", bytes as f64 / (1 << 20) as f64 / d.as_secs_f64().max(1e-9))
+    format!(
+        "{:.1} MiB/s",
+        bytes as f64 / (1 << 20) as f64 / d.as_secs_f64().max(1e-9)
+    )
 }
 
 /// The host-side baseline: PUT and GET of `mib` MiB with the plain client.
@@ -154,22 +160,33 @@ async fn host_rows(bucket: &hearth_mount::Bucket, mib: u64, rows: &mut Vec<Row>)
     let bytes = mib << 20;
     let t = Instant::now();
     bucket.put_file("host/big", &file, bytes, 8 << 20).await?;
-    rows.push(Row::value(&format!("plain S3 client PUT {mib} MiB (host)"), mib_s(bytes, t.elapsed())));
+    rows.push(Row::value(
+        &format!("plain S3 client PUT {mib} MiB (host)"),
+        mib_s(bytes, t.elapsed()),
+    ));
     let t = Instant::now();
     let sink = tempfile::tempfile()?;
     let got = bucket.get_into("host/big", &sink, u64::MAX).await?;
     anyhow::ensure!(got == bytes, "GET returned {got} bytes");
-    rows.push(Row::value(&format!("plain S3 client GET {mib} MiB (host)"), mib_s(bytes, t.elapsed())));
+    rows.push(Row::value(
+        &format!("plain S3 client GET {mib} MiB (host)"),
+        mib_s(bytes, t.elapsed()),
+    ));
     let mut ttfb = Samples::default();
     for i in 0..10 {
         let key = format!("hostsmall/{i}.txt");
-        bucket.put(&key, bytes::Bytes::from_static(b"small file\n")).await?;
+        bucket
+            .put(&key, bytes::Bytes::from_static(b"small file\n"))
+            .await?;
         let t = Instant::now();
         let meta = bucket.head(&key).await?.context("the small object")?;
         bucket.get_range(&key, 0..meta.size.min(1)).await?;
         ttfb.push(t.elapsed());
     }
-    rows.push(Row::samples("plain S3 client small object: HEAD + first byte (host)", &ttfb));
+    rows.push(Row::samples(
+        "plain S3 client small object: HEAD + first byte (host)",
+        &ttfb,
+    ));
     Ok(())
 }
 
@@ -192,7 +209,12 @@ pub async fn rows(client: &Client, args: &MountArgs) -> Result<Vec<Row>> {
         }
     }
     for i in 0..args.small_files {
-        bucket.put(&format!("m/small/{i}.txt"), bytes::Bytes::from_static(b"small file\n")).await?;
+        bucket
+            .put(
+                &format!("m/small/{i}.txt"),
+                bytes::Bytes::from_static(b"small file\n"),
+            )
+            .await?;
     }
     client
         .create_bucket(&CreateBucketRequest {
@@ -225,8 +247,16 @@ pub async fn rows(client: &Client, args: &MountArgs) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-async fn guest_rows(client: &Client, id: &str, args: &MountArgs, ls_dirs: &[String], rows: &mut Vec<Row>) -> Result<()> {
-    client.write_file(id, "/root/mountbench.py", SCRIPT.as_bytes().to_vec()).await?;
+async fn guest_rows(
+    client: &Client,
+    id: &str,
+    args: &MountArgs,
+    ls_dirs: &[String],
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    client
+        .write_file(id, "/root/mountbench.py", SCRIPT.as_bytes().to_vec())
+        .await?;
     let argv = vec![
         "python3".into(),
         "/root/mountbench.py".into(),
@@ -248,12 +278,19 @@ async fn guest_rows(client: &Client, id: &str, args: &MountArgs, ls_dirs: &[Stri
     if r.exit_code != 0 {
         bail!("mount bench in the guest: {} {}", r.stdout, r.stderr);
     }
-    let v: Value = serde_json::from_str(r.stdout.trim()).with_context(|| format!("bench output {:?}", r.stdout))?;
+    let v: Value =
+        serde_json::from_str(r.stdout.trim()).with_context(|| format!("bench output {:?}", r.stdout))?;
     let secs = |k: &str| Duration::from_secs_f64(v[k].as_f64().unwrap_or(f64::NAN));
     let bytes = args.mib << 20;
     let mib = args.mib;
-    rows.push(Row::value(&format!("mount: sequential write {mib} MiB, close included (guest)"), mib_s(bytes, secs("write_s"))));
-    rows.push(Row::value(&format!("mount: sequential read {mib} MiB, cold cache (guest)"), mib_s(bytes, secs("read_s"))));
+    rows.push(Row::value(
+        &format!("mount: sequential write {mib} MiB, close included (guest)"),
+        mib_s(bytes, secs("write_s")),
+    ));
+    rows.push(Row::value(
+        &format!("mount: sequential read {mib} MiB, cold cache (guest)"),
+        mib_s(bytes, secs("read_s")),
+    ));
     let samples = |k: &str| {
         let mut s = Samples::default();
         for x in v[k].as_array().into_iter().flatten() {
@@ -261,14 +298,35 @@ async fn guest_rows(client: &Client, id: &str, args: &MountArgs, ls_dirs: &[Stri
         }
         s
     };
-    rows.push(Row::samples("mount: ls of a 1,000-object prefix, first listing (guest)", &samples("ls_s")));
-    rows.push(Row::samples("mount: small file, open + first byte (guest)", &samples("ttfb_s")));
+    rows.push(Row::samples(
+        "mount: ls of a 1,000-object prefix, first listing (guest)",
+        &samples("ls_s"),
+    ));
+    rows.push(Row::samples(
+        "mount: small file, open + first byte (guest)",
+        &samples("ttfb_s"),
+    ));
     // The agent channel, for comparison: a file of the same size on the guest's own disk, downloaded.
     let line = format!("head -c {bytes} /dev/zero > /root/agent.bin");
-    client.run_command(id, &RunCommandRequest { cmd: Some(line), ..Default::default() }).await?;
+    client
+        .run_command(
+            id,
+            &RunCommandRequest {
+                cmd: Some(line),
+                ..Default::default()
+            },
+        )
+        .await?;
     let t = Instant::now();
     let data = client.read_file(id, "/root/agent.bin").await?;
-    anyhow::ensure!(data.len() as u64 == bytes, "agent channel read {} bytes", data.len());
-    rows.push(Row::value(&format!("agent channel: download {mib} MiB (files API)"), mib_s(bytes, t.elapsed())));
+    anyhow::ensure!(
+        data.len() as u64 == bytes,
+        "agent channel read {} bytes",
+        data.len()
+    );
+    rows.push(Row::value(
+        &format!("agent channel: download {mib} MiB (files API)"),
+        mib_s(bytes, t.elapsed()),
+    ));
     Ok(())
 }

@@ -8,17 +8,20 @@ use crate::{Client, Error};
 impl Client {
     /// `POST /v1/buckets`: registers a bucket (probed by the daemon; the secret is never returned).
     pub async fn create_bucket(&self, req: &CreateBucketRequest) -> Result<Bucket, Error> {
-        self.call(Method::POST, self.url(&["v1", "buckets"]), Some(req)).await
+        self.call(Method::POST, self.url(&["v1", "buckets"]), Some(req))
+            .await
     }
 
     /// `GET /v1/buckets`.
     pub async fn list_buckets(&self) -> Result<BucketList, Error> {
-        self.call::<(), _>(Method::GET, self.url(&["v1", "buckets"]), None).await
+        self.call::<(), _>(Method::GET, self.url(&["v1", "buckets"]), None)
+            .await
     }
 
     /// `GET /v1/buckets/{name}`.
     pub async fn get_bucket(&self, name: &str) -> Result<Bucket, Error> {
-        self.call::<(), _>(Method::GET, self.url(&["v1", "buckets", name]), None).await
+        self.call::<(), _>(Method::GET, self.url(&["v1", "buckets", name]), None)
+            .await
     }
 
     /// `DELETE /v1/buckets/{name}` (refused with `conflict` while mounted).
@@ -85,9 +88,15 @@ mod tests {
     #[test]
     fn mount_forms() {
         let m = parse_mount("data:/mnt/data").unwrap_or_default();
-        assert_eq!((m.bucket.as_str(), m.prefix, m.path.as_str(), m.read_only), ("data", None, "/mnt/data", None));
+        assert_eq!(
+            (m.bucket.as_str(), m.prefix, m.path.as_str(), m.read_only),
+            ("data", None, "/mnt/data", None)
+        );
         let m = parse_mount("data:runs/42/:/mnt/in:ro").unwrap_or_default();
-        assert_eq!((m.prefix.as_deref(), m.path.as_str(), m.read_only), (Some("runs/42/"), "/mnt/in", Some(true)));
+        assert_eq!(
+            (m.prefix.as_deref(), m.path.as_str(), m.read_only),
+            (Some("runs/42/"), "/mnt/in", Some(true))
+        );
         let m = parse_mount("data:/mnt/x:rw").unwrap_or_default();
         assert_eq!(m.read_only, Some(false));
         for bad in ["data", "data:mnt", ":/x", "a:b:c:d:e", "data:pre:rel"] {

@@ -21,8 +21,9 @@ use serde_json::{Value, json};
 
 use crate::args::{
     CreateSandboxArgs, CreateTemplateArgs, Encoding, ExecArgs, ForkArgs, ListFilesArgs, ListSandboxesArgs,
-    MAX_LOG, MAX_READ, MembershipArgs, MountAddArgs, MountArg, MountRemoveArgs, NetworkArgs, NetworkLogArgs, NetworkNameArgs, PortExposeArgs,
-    ReadFileArgs, SandboxArgs, SetPolicyArgs, SetTimeoutArgs, TemplateArgs, WriteFileArgs,
+    MAX_LOG, MAX_READ, MembershipArgs, MountAddArgs, MountArg, MountRemoveArgs, NetworkArgs, NetworkLogArgs,
+    NetworkNameArgs, PortExposeArgs, ReadFileArgs, SandboxArgs, SetPolicyArgs, SetTimeoutArgs, TemplateArgs,
+    WriteFileArgs,
 };
 use crate::format::{self, Capped};
 
@@ -611,7 +612,11 @@ impl HearthMcp {
                        objects: reads fetch ranges, a file written is uploaded whole when it is closed, \
                        renames copy; with read_only every write fails with EROFS. Returns the mount."
     )]
-    async fn mount_add(&self, Parameters(a): Parameters<MountAddArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn mount_add(
+        &self,
+        Parameters(a): Parameters<MountAddArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let client = tri!(self.client(&ctx));
         let m = api!(client.mount(&a.sandbox_id, &a.mount.spec()));
         ok_json(to_json(&m))

@@ -149,7 +149,12 @@ pub fn prog_mismatch(xid: u32, low: u32, high: u32) -> Writer {
 /// `MSG_DENIED` / `RPC_MISMATCH` (only RPC version 2 is spoken).
 pub fn rpc_mismatch(xid: u32) -> Writer {
     let mut w = Writer::new();
-    w.u32(xid).u32(MSG_REPLY).u32(MSG_DENIED).u32(RPC_MISMATCH).u32(2).u32(2);
+    w.u32(xid)
+        .u32(MSG_REPLY)
+        .u32(MSG_DENIED)
+        .u32(RPC_MISMATCH)
+        .u32(2)
+        .u32(2);
     w
 }
 
@@ -190,7 +195,14 @@ mod tests {
         assert!(matches!(parse_call(&rec[..20]), Parsed::Garbage));
         // A credential longer than 400 bytes.
         let mut w = Writer::new();
-        w.u32(1).u32(MSG_CALL).u32(2).u32(1).u32(1).u32(1).u32(1).u32(100_000);
+        w.u32(1)
+            .u32(MSG_CALL)
+            .u32(2)
+            .u32(1)
+            .u32(1)
+            .u32(1)
+            .u32(1)
+            .u32(100_000);
         assert!(matches!(parse_call(&w.buf), Parsed::Garbage));
     }
 

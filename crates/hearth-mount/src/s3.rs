@@ -165,7 +165,9 @@ impl Bucket {
 
     fn classify(&self, op: &'static str, key: &str, e: &object_store::Error) -> S3Error {
         match e {
-            object_store::Error::NotFound { .. } if !e.to_string().contains("NoSuchBucket") => S3Error::NotFound,
+            object_store::Error::NotFound { .. } if !e.to_string().contains("NoSuchBucket") => {
+                S3Error::NotFound
+            }
             object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
                 S3Error::Exists
             }
@@ -232,9 +234,13 @@ impl Bucket {
 
     pub async fn put(&self, key: &str, body: Bytes) -> Result<(), S3Error> {
         let path = path(key)?;
-        self.run("PUT", key, self.inner.store.put(&path, PutPayload::from_bytes(body)))
-            .await
-            .map(drop)
+        self.run(
+            "PUT",
+            key,
+            self.inner.store.put(&path, PutPayload::from_bytes(body)),
+        )
+        .await
+        .map(drop)
     }
 
     /// Create-only PUT: `S3Error::Exists` when the key exists already.
@@ -244,7 +250,9 @@ impl Bucket {
         self.run(
             "PUT",
             key,
-            self.inner.store.put_opts(&path, PutPayload::from_bytes(body), opts),
+            self.inner
+                .store
+                .put_opts(&path, PutPayload::from_bytes(body), opts),
         )
         .await
         .map(drop)
@@ -252,11 +260,18 @@ impl Bucket {
 
     /// Uploads `size` bytes of `file`: one PUT up to `part`, else a multipart upload with `part`-sized parts,
     /// a few in flight at once.
-    pub async fn put_file(&self, key: &str, file: &std::fs::File, size: u64, part: usize) -> Result<(), S3Error> {
+    pub async fn put_file(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        size: u64,
+        part: usize,
+    ) -> Result<(), S3Error> {
         use std::os::unix::fs::FileExt;
         let read = |at: u64, len: usize| -> Result<Bytes, S3Error> {
             let mut buf = vec![0u8; len];
-            file.read_exact_at(&mut buf, at).map_err(|e| local_error(key, &e))?;
+            file.read_exact_at(&mut buf, at)
+                .map_err(|e| local_error(key, &e))?;
             Ok(Bytes::from(buf))
         };
         if size <= part as u64 {
@@ -295,14 +310,22 @@ impl Bucket {
 
     /// The children of directory `prefix` (`""` for the bucket root, else without a trailing `/`).
     pub async fn list_dir(&self, prefix: &str) -> Result<Listing, S3Error> {
-        let p = if prefix.is_empty() { None } else { Some(path(prefix)?) };
+        let p = if prefix.is_empty() {
+            None
+        } else {
+            Some(path(prefix)?)
+        };
         let result = self
             .run("LIST", prefix, self.inner.store.list_with_delimiter(p.as_ref()))
             .await?;
         let mut out = Listing::default();
         let strip = |loc: &Path| -> Option<String> {
             let s = loc.as_ref();
-            let rest = if prefix.is_empty() { s } else { s.strip_prefix(prefix)?.strip_prefix('/')? };
+            let rest = if prefix.is_empty() {
+                s
+            } else {
+                s.strip_prefix(prefix)?.strip_prefix('/')?
+            };
             (!rest.is_empty() && !rest.contains('/')).then(|| rest.to_owned())
         };
         for o in &result.objects {
@@ -327,7 +350,10 @@ impl Bucket {
     pub async fn dir_exists(&self, prefix: &str) -> Result<bool, S3Error> {
         let p = path(prefix)?;
         let mut stream = self.inner.store.list(Some(&p));
-        match self.run("LIST", prefix, async { stream.next().await.transpose() }).await {
+        match self
+            .run("LIST", prefix, async { stream.next().await.transpose() })
+            .await
+        {
             Ok(first) => Ok(first.is_some()),
             Err(S3Error::NotFound) => Ok(false),
             Err(e) => Err(e),
@@ -364,7 +390,11 @@ impl Bucket {
         let cred = AwsCredential {
             key_id: c.credentials.access_key_id.clone(),
             secret_key: c.credentials.secret_access_key.expose().to_owned(),
-            token: c.credentials.session_token.as_ref().map(|t| t.expose().to_owned()),
+            token: c
+                .credentials
+                .session_token
+                .as_ref()
+                .map(|t| t.expose().to_owned()),
         };
         AwsAuthorizer::new(&cred, "s3", &c.region)
             .try_authorize(&mut req, None)
@@ -392,8 +422,12 @@ impl Bucket {
         if status == reqwest::StatusCode::NOT_FOUND {
             return Err(S3Error::NotFound);
         }
-        let body = tokio::time::timeout(limit, answer.text()).await.ok().and_then(Result::ok);
-        let kind = if status == reqwest::StatusCode::FORBIDDEN || status == reqwest::StatusCode::UNAUTHORIZED {
+        let body = tokio::time::timeout(limit, answer.text())
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let kind = if status == reqwest::StatusCode::FORBIDDEN || status == reqwest::StatusCode::UNAUTHORIZED
+        {
             RemoteErrorKind::AccessDenied
         } else if status.is_server_error() {
             RemoteErrorKind::Unavailable
@@ -404,7 +438,10 @@ impl Bucket {
             kind,
             op: "MARKER",
             key,
-            message: c.scrub(&format!("{status}: {}", body.unwrap_or_default().chars().take(300).collect::<String>())),
+            message: c.scrub(&format!(
+                "{status}: {}",
+                body.unwrap_or_default().chars().take(300).collect::<String>()
+            )),
         }))
     }
 }

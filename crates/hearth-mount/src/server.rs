@@ -54,7 +54,10 @@ impl ExportSet {
 
     /// Removes an export: its handles turn stale at once.
     pub fn remove(&self, key: u64) -> Option<Arc<Export>> {
-        self.by_key.write().unwrap_or_else(|p| p.into_inner()).remove(&key)
+        self.by_key
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key)
     }
 
     pub fn get(&self, key: u64) -> Option<Arc<Export>> {
@@ -72,7 +75,10 @@ impl Exports for ExportSet {
     }
 
     fn by_name(&self, name: &str) -> Option<Arc<Export>> {
-        self.map().values().find(|e| export_name(e.spec.key) == name).cloned()
+        self.map()
+            .values()
+            .find(|e| export_name(e.spec.key) == name)
+            .cloned()
     }
 
     fn names(&self) -> Vec<String> {
@@ -148,7 +154,9 @@ async fn connection(stream: TcpStream, exports: Arc<ExportSet>, limits: ServerLi
     let slots = Arc::new(Semaphore::new(limits.max_inflight));
     let mut calls = tokio::task::JoinSet::new();
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else { break };
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            break;
+        };
         let record = match rpc::read_record(&mut rd).await {
             Ok(Some(r)) => r,
             Ok(None) => break,
@@ -185,12 +193,23 @@ pub async fn handle(record: &[u8], exports: &dyn Exports) -> Option<Vec<u8>> {
             };
             let accept = match result {
                 Some(a) => Ok(a),
-                None if h.vers != prog_vers => return Some(rpc::prog_mismatch(h.xid, prog_vers, prog_vers).buf),
+                None if h.vers != prog_vers => {
+                    return Some(rpc::prog_mismatch(h.xid, prog_vers, prog_vers).buf);
+                }
                 None if h.prog == nfs3::PROGRAM => nfs3::call(h.proc_, &mut args, exports, &mut body).await,
                 None => mount::call(h.proc_, &mut args, exports, &mut body),
             };
             let accept = accept.unwrap_or(Accept::GarbageArgs);
-            tracing::debug!(prog = h.prog, proc_ = h.proc_, ?accept, status = body.buf.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])), "mount rpc");
+            tracing::debug!(
+                prog = h.prog,
+                proc_ = h.proc_,
+                ?accept,
+                status = body
+                    .buf
+                    .get(..4)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+                "mount rpc"
+            );
             let mut reply = rpc::accepted(h.xid, accept);
             if accept == Accept::Success {
                 reply.buf.extend_from_slice(&body.buf);

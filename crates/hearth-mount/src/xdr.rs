@@ -145,7 +145,11 @@ mod tests {
     #[test]
     fn round_trip_and_bounds() {
         let mut w = Writer::new();
-        w.u32(7).u64(1 << 40).bool(true).opaque(b"abcde").fixed(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        w.u32(7)
+            .u64(1 << 40)
+            .bool(true)
+            .opaque(b"abcde")
+            .fixed(&[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(w.len() % 4, 0);
         let mut r = Reader::new(&w.buf);
         assert_eq!(r.u32(), Ok(7));

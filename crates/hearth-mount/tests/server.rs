@@ -33,30 +33,57 @@ async fn read_write_and_namespace_on_both_servers() {
         assert_eq!(c.mnt("/nope").await, Err(2), "{kind:?}: unknown export");
 
         let (st, names) = c.readdir(&root).await;
-        assert_eq!((st, names.clone()), (OK, vec!["a.txt".to_string(), "sub".to_string()]), "{kind:?}");
+        assert_eq!(
+            (st, names.clone()),
+            (OK, vec!["a.txt".to_string(), "sub".to_string()]),
+            "{kind:?}"
+        );
         let (st, a) = c.lookup(&root, b"a.txt").await;
         assert_eq!(st, OK);
         assert_eq!(c.read(&a, 0, 4096).await, (OK, b"hello from the bucket".to_vec()));
-        assert_eq!(c.read(&a, 6, 4).await, (OK, b"from".to_vec()), "{kind:?}: ranged read");
+        assert_eq!(
+            c.read(&a, 6, 4).await,
+            (OK, b"from".to_vec()),
+            "{kind:?}: ranged read"
+        );
         assert_eq!(c.getattr(&a).await, (OK, Some((1, 21))));
 
         // New file: created, written in two pieces, committed: a plain object.
         let (st, n) = c.create(&root, b"new.txt").await;
         assert_eq!(st, OK, "{kind:?}: create");
-        assert_eq!(f.get("runs/42/new.txt").await, Some(Vec::new()), "{kind:?}: create makes the object");
+        assert_eq!(
+            f.get("runs/42/new.txt").await,
+            Some(Vec::new()),
+            "{kind:?}: create makes the object"
+        );
         assert_eq!(c.write(&n, 0, b"abc", 0).await, OK);
         assert_eq!(c.write(&n, 3, b"def", 0).await, OK);
-        assert_eq!(c.read(&n, 0, 100).await, (OK, b"abcdef".to_vec()), "reads see unstable writes");
+        assert_eq!(
+            c.read(&n, 0, 100).await,
+            (OK, b"abcdef".to_vec()),
+            "reads see unstable writes"
+        );
         assert_eq!(c.commit(&n).await, OK);
-        assert_eq!(f.get("runs/42/new.txt").await, Some(b"abcdef".to_vec()), "{kind:?}: committed");
+        assert_eq!(
+            f.get("runs/42/new.txt").await,
+            Some(b"abcdef".to_vec()),
+            "{kind:?}: committed"
+        );
 
         // Append to an existing object (downloaded, rewritten whole).
         assert_eq!(c.write(&a, 21, b"!", 2).await, OK, "{kind:?}: stable append");
-        assert_eq!(f.get("runs/42/a.txt").await, Some(b"hello from the bucket!".to_vec()));
+        assert_eq!(
+            f.get("runs/42/a.txt").await,
+            Some(b"hello from the bucket!".to_vec())
+        );
         // Truncate.
         assert_eq!(c.truncate(&a, 5).await, OK);
         assert_eq!(c.commit(&a).await, OK);
-        assert_eq!(f.get("runs/42/a.txt").await, Some(b"hello".to_vec()), "{kind:?}: truncated");
+        assert_eq!(
+            f.get("runs/42/a.txt").await,
+            Some(b"hello".to_vec()),
+            "{kind:?}: truncated"
+        );
 
         // Directories: marker, refusal to remove a full one, rename of an empty one, EXDEV for a full one.
         // s3s-fs keeps objects as plain files, so a marker key (`d/`) becomes a directory on its disk that it
@@ -74,10 +101,19 @@ async fn read_write_and_namespace_on_both_servers() {
         assert_eq!(c.remove(&root, b"moved.txt").await, NOENT);
 
         // What a bucket cannot hold.
-        assert_eq!(c.symlink(&root, b"link", b"/etc/passwd").await, PERM, "{kind:?}: symlink");
+        assert_eq!(
+            c.symlink(&root, b"link", b"/etc/passwd").await,
+            PERM,
+            "{kind:?}: symlink"
+        );
         assert_eq!(
             f.keys().await,
-            vec!["runs/42/a.txt", "runs/42/sub/b.txt", "runs/420/sibling.txt", "secret.txt"],
+            vec![
+                "runs/42/a.txt",
+                "runs/42/sub/b.txt",
+                "runs/420/sibling.txt",
+                "secret.txt"
+            ],
             "{kind:?}: nothing else was made"
         );
     }
@@ -92,13 +128,27 @@ async fn nothing_escapes_the_prefix_or_the_read_only_flag() {
     let ro = c.mnt(&hearth_mount::export_name(RO)).await.unwrap();
 
     // Names that would leave the directory are refused; `..` of the root is the root.
-    for bad in [&b"../secret.txt"[..], b"..%2fsecret.txt", b"a/../../secret.txt", b"/secret.txt", b"sub/b.txt"] {
+    for bad in [
+        &b"../secret.txt"[..],
+        b"..%2fsecret.txt",
+        b"a/../../secret.txt",
+        b"/secret.txt",
+        b"sub/b.txt",
+    ] {
         let (st, _) = c.lookup(&root, bad).await;
-        assert!(st == INVAL || st == NOENT, "{:?}: {st}", String::from_utf8_lossy(bad));
+        assert!(
+            st == INVAL || st == NOENT,
+            "{:?}: {st}",
+            String::from_utf8_lossy(bad)
+        );
     }
     let (st, up) = c.lookup(&root, b"..").await;
     assert_eq!(st, OK);
-    assert_eq!(c.readdir(&up).await.1, vec!["a.txt", "sub"], ".. of the root is the root");
+    assert_eq!(
+        c.readdir(&up).await.1,
+        vec!["a.txt", "sub"],
+        ".. of the root is the root"
+    );
     let (st, _) = c.lookup(&root, b"sibling.txt").await;
     assert_eq!(st, NOENT, "the sibling prefix runs/420 is not under runs/42");
     let (st, _) = c.create(&root, b"..").await;
@@ -128,7 +178,10 @@ async fn nothing_escapes_the_prefix_or_the_read_only_flag() {
     // A rename from the read-only export into the writable one is a cross-device rename.
     assert_eq!(c.rename(&ro, b"a.txt", &root, b"b.txt").await, XDEV);
     assert_eq!(f.keys().await, before, "the bucket is unchanged");
-    assert_eq!(f.get("runs/42/a.txt").await, Some(b"hello from the bucket".to_vec()));
+    assert_eq!(
+        f.get("runs/42/a.txt").await,
+        Some(b"hello from the bucket".to_vec())
+    );
 }
 
 #[tokio::test]
@@ -143,7 +196,15 @@ async fn hostile_records_are_bounded_and_the_server_lives_on() {
     let (accept, _) = c.call(4242, 0, &[]).await;
     assert_eq!(accept, 1, "PROG_UNAVAIL");
     // A string claiming 4 GiB inside a small record.
-    let (accept, _) = c.call(NFS, 3, &[0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]).await;
+    let (accept, _) = c
+        .call(
+            NFS,
+            3,
+            &[
+                0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff,
+            ],
+        )
+        .await;
     assert_eq!(accept, 4);
     let root = c.mnt(&hearth_mount::export_name(RW)).await.unwrap();
 
@@ -183,7 +244,11 @@ async fn hostile_records_are_bounded_and_the_server_lives_on() {
 
 async fn directories(f: &Fixture, c: &mut Client, root: &[u8]) {
     assert_eq!(c.mkdir(root, b"d").await, OK, "mkdir");
-    assert!(f.keys().await.contains(&"runs/42/d/".to_string()), "marker {:?}", f.keys().await);
+    assert!(
+        f.keys().await.contains(&"runs/42/d/".to_string()),
+        "marker {:?}",
+        f.keys().await
+    );
     assert_eq!(c.readdir(root).await.1, vec!["a.txt", "d", "new.txt", "sub"]);
     assert_eq!(c.mkdir(root, b"d").await, EXIST);
     let (_, d) = c.lookup(root, b"d").await;
@@ -240,4 +305,3 @@ async fn a_bucket_that_stops_answering_gives_eio_in_bounded_time() {
     };
     assert_eq!(c.read(&x, 0, 10).await, (OK, b"x".to_vec()));
 }
-

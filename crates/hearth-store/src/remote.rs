@@ -78,7 +78,12 @@ pub fn s3_client(config: &StoreConfig) -> Result<AmazonS3, RemoteError> {
 }
 
 /// Classifies an object_store error of a request for `key` under `config` into a secret-free [`RemoteError`].
-pub fn remote_error(config: &StoreConfig, op: &'static str, key: &str, e: &object_store::Error) -> RemoteError {
+pub fn remote_error(
+    config: &StoreConfig,
+    op: &'static str,
+    key: &str,
+    e: &object_store::Error,
+) -> RemoteError {
     let (kind, message) = classify(e);
     RemoteError {
         kind,

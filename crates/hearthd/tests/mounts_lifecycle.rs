@@ -73,11 +73,15 @@ async fn forks_get_the_parents_mounts() {
     assert_eq!(f.ok(&child, "cat /mnt/m/p.txt").await, "parent\n");
     f.ok(&child, "echo child > /mnt/m/c.txt").await;
     assert_eq!(f.get("fk/c.txt").await.as_deref(), Some(&b"child\n"[..]));
-    eventually("the parent sees the child's file", Duration::from_secs(10), || async {
-        f.sh(&parent, "cat /mnt/m/c.txt").await == (0, "child\n".into())
-    })
+    eventually(
+        "the parent sees the child's file",
+        Duration::from_secs(10),
+        || async { f.sh(&parent, "cat /mnt/m/c.txt").await == (0, "child\n".into()) },
+    )
     .await;
-    let (_, m) = f.d.call(Method::GET, &format!("/v1/sandboxes/{child}/mounts"), None).await;
+    let (_, m) =
+        f.d.call(Method::GET, &format!("/v1/sandboxes/{child}/mounts"), None)
+            .await;
     assert_eq!(m["mounts"][0]["path"], "/mnt/m", "{m}");
     // The parent goes; the child's mount is its own.
     f.d.destroy(&parent).await;
@@ -95,22 +99,37 @@ async fn templates_do_not_capture_bucket_data() {
     f.put("t/data.txt", marker.as_bytes()).await;
     let id = f.d.create(mount("t")).await.id;
     assert_eq!(f.ok(&id, "cat /mnt/m/data.txt").await, marker);
-    let (st, v) = f
-        .d
-        .call(Method::POST, "/v1/templates", Some(json!({"name": "with-mem", "from_sandbox": id, "include_memory": true})))
+    let (st, v) =
+        f.d.call(
+            Method::POST,
+            "/v1/templates",
+            Some(json!({"name": "with-mem", "from_sandbox": id, "include_memory": true})),
+        )
         .await;
-    assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("conflict")), "{v}");
-    let (st, v) = f
-        .d
-        .call(Method::POST, "/v1/templates", Some(json!({"name": "disk-only", "from_sandbox": id})))
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict")),
+        "{v}"
+    );
+    let (st, v) =
+        f.d.call(
+            Method::POST,
+            "/v1/templates",
+            Some(json!({"name": "disk-only", "from_sandbox": id})),
+        )
         .await;
     assert!(st.is_success(), "{v}");
     let image = std::fs::read(f.d.data_dir().join("templates/disk-only/rootfs.ext4")).unwrap();
-    assert!(!image.windows(marker.len()).any(|w| w == marker.as_bytes()), "the template image holds bucket data");
+    assert!(
+        !image.windows(marker.len()).any(|w| w == marker.as_bytes()),
+        "the template image holds bucket data"
+    );
     let from = f.d.create(json!({"template": "disk-only"})).await.id;
     let (code, out) = f.sh(&from, "cat /mnt/m/data.txt").await;
     assert!(code != 0 && !out.contains(&marker), "{out}");
-    let (_, m) = f.d.call(Method::GET, &format!("/v1/sandboxes/{from}/mounts"), None).await;
+    let (_, m) =
+        f.d.call(Method::GET, &format!("/v1/sandboxes/{from}/mounts"), None)
+            .await;
     assert_eq!(m["mounts"].as_array().unwrap().len(), 0, "{m}");
     f.d.destroy(&from).await;
     f.d.destroy(&id).await;
@@ -121,7 +140,9 @@ async fn templates_do_not_capture_bucket_data() {
 /// sockets (the API, connections to the S3 endpoint) are listed in its /proc/PID/net tables; these are not.
 fn foreign_sockets(pid: u32) -> Vec<String> {
     let mut own = std::collections::HashSet::new();
-    for table in ["tcp", "tcp6", "udp", "udp6", "unix", "netlink", "raw", "raw6", "packet"] {
+    for table in [
+        "tcp", "tcp6", "udp", "udp6", "unix", "netlink", "raw", "raw6", "packet",
+    ] {
         let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
         for line in text.lines().skip(1) {
             let cols: Vec<&str> = line.split_whitespace().collect();
@@ -142,7 +163,9 @@ fn foreign_sockets(pid: u32) -> Vec<String> {
                 .filter_map(|e| std::fs::read_link(e.path()).ok())
                 .filter_map(|l| {
                     let l = l.to_string_lossy().into_owned();
-                    l.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')).map(String::from)
+                    l.strip_prefix("socket:[")
+                        .and_then(|r| r.strip_suffix(']'))
+                        .map(String::from)
                 })
                 .filter(|i| !own.contains(i))
                 .collect()
@@ -156,22 +179,46 @@ async fn destroy_leaves_no_mount_process_socket_or_file() {
     let f = Fixture::start("10.213.92.0/24").await;
     f.register("data", "s3://bkt").await;
     let pid = f.d.pid().unwrap();
-    assert!(foreign_sockets(pid).is_empty(), "no sandbox yet: {:?}", foreign_sockets(pid));
+    assert!(
+        foreign_sockets(pid).is_empty(),
+        "no sandbox yet: {:?}",
+        foreign_sockets(pid)
+    );
     let id = f.d.create(mount("z")).await.id;
-    f.ok(&id, "echo z > /mnt/m/z.txt && cat /mnt/m/z.txt && ls /mnt/m").await;
+    f.ok(&id, "echo z > /mnt/m/z.txt && cat /mnt/m/z.txt && ls /mnt/m")
+        .await;
     // The listener and the guest's connection of the mount server, the resolver and the proxy.
-    assert!(foreign_sockets(pid).len() >= 4, "sandbox sockets while it runs: {:?}", foreign_sockets(pid));
+    assert!(
+        foreign_sockets(pid).len() >= 4,
+        "sandbox sockets while it runs: {:?}",
+        foreign_sockets(pid)
+    );
     let handles = f.d.data_dir().join("mounts/handles");
-    assert_eq!(std::fs::read_dir(&handles).unwrap().count(), 1, "one handle table");
+    assert_eq!(
+        std::fs::read_dir(&handles).unwrap().count(),
+        1,
+        "one handle table"
+    );
     f.d.destroy(&id).await;
     assert!(f.d.vm_pids(&id).is_empty(), "no VM process");
-    assert!(!hearth_net::netns_path(&id).exists(), "no namespace (so no listener on its gateway)");
-    eventually("the daemon holds no socket of the sandbox's namespace", Duration::from_secs(20), || async {
-        foreign_sockets(pid).is_empty()
-    })
+    assert!(
+        !hearth_net::netns_path(&id).exists(),
+        "no namespace (so no listener on its gateway)"
+    );
+    eventually(
+        "the daemon holds no socket of the sandbox's namespace",
+        Duration::from_secs(20),
+        || async { foreign_sockets(pid).is_empty() },
+    )
     .await;
     assert_eq!(std::fs::read_dir(&handles).unwrap().count(), 0, "no handle table");
-    assert_eq!(std::fs::read_dir(f.d.data_dir().join("mounts/tmp")).unwrap().count(), 0, "no temporary file");
+    assert_eq!(
+        std::fs::read_dir(f.d.data_dir().join("mounts/tmp"))
+            .unwrap()
+            .count(),
+        0,
+        "no temporary file"
+    );
     let (_, b) = f.d.call(Method::GET, "/v1/buckets/data", None).await;
     assert_eq!(b["mounted_by"], json!([]), "{b}");
     assert_eq!(f.keys("z").await, vec!["z/z.txt"], "the data stays in the bucket");

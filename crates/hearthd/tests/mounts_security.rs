@@ -44,19 +44,25 @@ async fn the_secret_appears_nowhere_in_the_guest() {
     let secret = hearth_testkit::s3::SECRET_ACCESS_KEY;
     f.register("data", "s3://bkt").await;
     f.put("s/in.txt", b"bucket data\n").await;
-    let sbx = f
-        .d
-        .create(json!({"template": "minimal", "mounts": [{"path": "/mnt/s", "bucket": "data", "prefix": "s"}]}))
+    let sbx =
+        f.d.create(
+            json!({"template": "minimal", "mounts": [{"path": "/mnt/s", "bucket": "data", "prefix": "s"}]}),
+        )
         .await;
     let id = &sbx.id;
     // Traffic through the mount, so that whatever the guest learns of the bucket is in its memory.
-    f.ok(id, "cat /mnt/s/in.txt; echo out > /mnt/s/out.txt; ls -l /mnt/s").await;
+    f.ok(id, "cat /mnt/s/in.txt; echo out > /mnt/s/out.txt; ls -l /mnt/s")
+        .await;
     let canary = format!("hearth-canary-{:016x}", rand::random::<u64>());
     f.bg(id, &format!("export C={canary}; exec sleep 600")).await;
 
     // Files (all but the virtual file systems and the mount itself), every process's environment and
     // command line, the kernel command line, the mount table.
-    f.ok(id, "cd / && tar -cf /tmp/root.tar $(ls -A / | grep -v -x -e proc -e sys -e dev -e mnt -e tmp)").await;
+    f.ok(
+        id,
+        "cd / && tar -cf /tmp/root.tar $(ls -A / | grep -v -x -e proc -e sys -e dev -e mnt -e tmp)",
+    )
+    .await;
     f.ok(
         id,
         "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; done > /tmp/proc.bin; \
@@ -65,26 +71,54 @@ async fn the_secret_appears_nowhere_in_the_guest() {
     .await;
     let (_, root) = f.d.get_file(id, "/tmp/root.tar").await;
     let (_, procs) = f.d.get_file(id, "/tmp/proc.bin").await;
-    assert!(root.len() > 100_000, "the file dump has the guest's files ({} bytes)", root.len());
-    assert!(find(&procs, canary.as_bytes()), "the process dump has the processes' environments");
+    assert!(
+        root.len() > 100_000,
+        "the file dump has the guest's files ({} bytes)",
+        root.len()
+    );
+    assert!(
+        find(&procs, canary.as_bytes()),
+        "the process dump has the processes' environments"
+    );
     assert!(find(&procs, b"172.16.0.1:/"), "the mount table is in the dump");
     for n in needles(secret) {
-        assert!(!find(&root, &n), "a guest file holds {:?}", String::from_utf8_lossy(&n));
-        assert!(!find(&procs, &n), "a process, the command line or a mount holds {:?}", String::from_utf8_lossy(&n));
+        assert!(
+            !find(&root, &n),
+            "a guest file holds {:?}",
+            String::from_utf8_lossy(&n)
+        );
+        assert!(
+            !find(&procs, &n),
+            "a process, the command line or a mount holds {:?}",
+            String::from_utf8_lossy(&n)
+        );
     }
 
     // Guest memory: a pause writes all of it to the host; the canary proves the dump is the guest's RAM.
-    let (st, v) = f.d.call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None).await;
+    let (st, v) =
+        f.d.call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
+            .await;
     assert!(st.is_success(), "pause: {v}");
     let paused = f.d.sandbox_dir(id).join("paused");
     let mut memory = Vec::new();
     for file in files_under(&paused) {
         memory.extend(std::fs::read(&file).unwrap());
     }
-    assert!(memory.len() > 10 << 20, "the memory dump is there ({} bytes)", memory.len());
-    assert!(find(&memory, canary.as_bytes()), "the canary is in the memory dump (the search works)");
+    assert!(
+        memory.len() > 10 << 20,
+        "the memory dump is there ({} bytes)",
+        memory.len()
+    );
+    assert!(
+        find(&memory, canary.as_bytes()),
+        "the canary is in the memory dump (the search works)"
+    );
     for n in needles(secret) {
-        assert!(!find(&memory, &n), "guest memory holds {:?}", String::from_utf8_lossy(&n));
+        assert!(
+            !find(&memory, &n),
+            "guest memory holds {:?}",
+            String::from_utf8_lossy(&n)
+        );
     }
     // The access key id stays out too (it is not a secret, but the guest has no use for it).
     assert!(!find(&memory, hearth_testkit::s3::ACCESS_KEY_ID.as_bytes()));
@@ -103,9 +137,8 @@ async fn a_guest_speaking_nfs_directly_cannot_escape_its_prefix_or_read_only_fla
     f.put("outside.txt", b"TOP-SECRET-OUTSIDE\n").await;
     f.put("p2/sibling.txt", b"SIBLING-PREFIX\n").await;
     let before = f.keys("").await;
-    let sbx = f
-        .d
-        .create(json!({
+    let sbx =
+        f.d.create(json!({
             "template": "debian",
             "mounts": [
                 {"path": "/mnt/rw", "bucket": "data", "prefix": "p"},
@@ -125,14 +158,22 @@ async fn a_guest_speaking_nfs_directly_cannot_escape_its_prefix_or_read_only_fla
             .to_string()
     };
     let exports = json!({"rw": export("/mnt/rw"), "ro": export("/mnt/ro")});
-    let (st, _) = f.d.put_file(id, "/root/nfs_probe.py", NFS_PROBE.as_bytes().to_vec()).await;
+    let (st, _) =
+        f.d.put_file(id, "/root/nfs_probe.py", NFS_PROBE.as_bytes().to_vec())
+            .await;
     assert!(st.is_success());
-    let r = f
-        .d
-        .run(id, json!({"argv": ["python3", "/root/nfs_probe.py", exports.to_string()], "timeout_s": 120}))
+    let r =
+        f.d.run(
+            id,
+            json!({"argv": ["python3", "/root/nfs_probe.py", exports.to_string()], "timeout_s": 120}),
+        )
         .await;
     assert_eq!(r.exit_code, 0, "probe: {} {}", r.stdout, r.stderr);
-    assert!(!r.stdout.contains("TOP-SECRET") && !r.stdout.contains("SIBLING"), "{}", r.stdout);
+    assert!(
+        !r.stdout.contains("TOP-SECRET") && !r.stdout.contains("SIBLING"),
+        "{}",
+        r.stdout
+    );
     let out: Value = serde_json::from_str(r.stdout.trim()).unwrap();
     let (ok, noent, io, inval, xdev, rofs, stale, badhandle) = (0, 2, 5, 22, 18, 30, 70, 10001);
     let want = |k: &str, v: Value| assert_eq!(out[k], v, "{k}: {out}");
@@ -142,8 +183,16 @@ async fn a_guest_speaking_nfs_directly_cannot_escape_its_prefix_or_read_only_fla
         want(&format!("mnt {bad}"), json!(noent));
     }
     want("lookup .. is the root", json!("ok"));
-    for name in ["../outside.txt", "..%2foutside.txt", "a/../../outside.txt", "/outside.txt"] {
-        assert!([inval, noent].contains(&out[format!("lookup {name}")].as_u64().unwrap()), "{name}: {out}");
+    for name in [
+        "../outside.txt",
+        "..%2foutside.txt",
+        "a/../../outside.txt",
+        "/outside.txt",
+    ] {
+        assert!(
+            [inval, noent].contains(&out[format!("lookup {name}")].as_u64().unwrap()),
+            "{name}: {out}"
+        );
     }
     want("lookup sibling.txt", json!(noent));
     for i in 0..7 {
@@ -154,8 +203,16 @@ async fn a_guest_speaking_nfs_directly_cannot_escape_its_prefix_or_read_only_fla
     want("read rw id through ro key", json!(stale));
     want("lookup ro a.txt", json!(ok));
     for k in [
-        "write ro file_sync", "write ro unstable", "setattr size 0 ro", "create ro", "create exclusive ro",
-        "mkdir ro", "remove ro", "rmdir ro", "rename ro", "symlink ro",
+        "write ro file_sync",
+        "write ro unstable",
+        "setattr size 0 ro",
+        "create ro",
+        "create exclusive ro",
+        "mkdir ro",
+        "remove ro",
+        "rmdir ro",
+        "rename ro",
+        "symlink ro",
     ] {
         want(k, json!(rofs));
     }

@@ -10,7 +10,10 @@ fn bucket_text(b: &Bucket) -> String {
     output::key_values(&[
         ("name", output::clean(&b.name)),
         ("url", output::clean(&b.url)),
-        ("endpoint", output::clean(b.endpoint.as_deref().unwrap_or("(AWS)"))),
+        (
+            "endpoint",
+            output::clean(b.endpoint.as_deref().unwrap_or("(AWS)")),
+        ),
         ("region", output::clean(&b.region)),
         ("path style", b.path_style.to_string()),
         ("access key", format!("...{}", output::clean(&b.access_key_hint))),
@@ -112,7 +115,11 @@ pub async fn mounts(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
                 ]
             })
             .collect();
-        output::table(&["PATH", "BUCKET", "PREFIX", "MODE", "READ", "WRITTEN"], &rows, ctx.stdout_style())
+        output::table(
+            &["PATH", "BUCKET", "PREFIX", "MODE", "READ", "WRITTEN"],
+            &rows,
+            ctx.stdout_style(),
+        )
     })?;
     Ok(0)
 }

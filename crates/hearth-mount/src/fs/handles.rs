@@ -57,7 +57,11 @@ impl HandleTable for MemoryTable {
         if id == ROOT_ID {
             return Some(String::new());
         }
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
     }
 
     fn insert(&self, id: u64, path: &str) -> Result<(), Collision> {
@@ -130,7 +134,12 @@ impl HandleTable for LogTable {
         if id == ROOT_ID {
             return Some(String::new());
         }
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).0.get(&id).cloned()
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .get(&id)
+            .cloned()
     }
 
     fn insert(&self, id: u64, path: &str) -> Result<(), Collision> {

@@ -195,7 +195,11 @@ pub fn valid_prefix(prefix: &str) -> bool {
 }
 
 fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() { name.to_owned() } else { format!("{dir}/{name}") }
+    if dir.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{dir}/{name}")
+    }
 }
 
 fn parent(path: &str) -> &str {
@@ -306,7 +310,8 @@ impl Export {
         }
         let key = self.key(path);
         let listing = self.bucket.list_dir(&key).await?;
-        let exists = path.is_empty() || listing.marker || !listing.files.is_empty() || !listing.dirs.is_empty();
+        let exists =
+            path.is_empty() || listing.marker || !listing.files.is_empty() || !listing.dirs.is_empty();
         let mut entries: Vec<Entry> = listing
             .dirs
             .into_iter()
@@ -380,7 +385,8 @@ impl Export {
         // A fresh listing of the directory answers a name it holds without another request (a name it lacks is
         // asked for: another writer may have made it since, and "written elsewhere, not here yet" must not last).
         let cached = self.state().dirs.get(&dir_path).and_then(|d| {
-            (d.fetched.elapsed() < self.limits.attr_ttl).then(|| d.entries.iter().find(|e| e.name == name).cloned())
+            (d.fetched.elapsed() < self.limits.attr_ttl)
+                .then(|| d.entries.iter().find(|e| e.name == name).cloned())
         });
         match cached {
             Some(None) | None => {}
@@ -413,7 +419,10 @@ impl Export {
             Ok(Some(meta)) => return Ok(Some(Stat::File(meta))),
             Ok(None) => {}
             Err(S3Error::Remote(ref r))
-                if matches!(r.kind, hearth_store::RemoteErrorKind::Unavailable | hearth_store::RemoteErrorKind::Other) => {}
+                if matches!(
+                    r.kind,
+                    hearth_store::RemoteErrorKind::Unavailable | hearth_store::RemoteErrorKind::Other
+                ) => {}
             Err(e) => return Err(e.into()),
         }
         if self.bucket.dir_exists(key).await? {
@@ -513,7 +522,11 @@ impl Export {
                     mtime: SystemTime::now(),
                 }),
                 (Kind::Dir, _) => {
-                    let mtime = self.state().dirs.get(&child).map_or(SystemTime::UNIX_EPOCH, |d| d.mtime);
+                    let mtime = self
+                        .state()
+                        .dirs
+                        .get(&child)
+                        .map_or(SystemTime::UNIX_EPOCH, |d| d.mtime);
                     self.dir_attr(id, mtime)
                 }
             };
@@ -536,7 +549,11 @@ impl Export {
     }
 
     pub(crate) fn writable(&self) -> FsResult<()> {
-        if self.spec.read_only { Err(Status::RoFs) } else { Ok(()) }
+        if self.spec.read_only {
+            Err(Status::RoFs)
+        } else {
+            Ok(())
+        }
     }
 
     /// Root id, for MOUNT.

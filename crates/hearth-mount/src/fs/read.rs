@@ -60,7 +60,9 @@ impl BlockCache {
     }
 
     fn cached(&self, id: u64, block: u64) -> bool {
-        self.slots().get(&(id, block)).is_some_and(|s| s.data.initialized())
+        self.slots()
+            .get(&(id, block))
+            .is_some_and(|s| s.data.initialized())
     }
 
     /// Drops every block of file `id` (it changed).

@@ -115,7 +115,8 @@ impl DirtyFiles {
     }
 
     fn release(&self, d: &Dirty) {
-        self.bytes.fetch_sub(d.size.min(self.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+        self.bytes
+            .fetch_sub(d.size.min(self.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
     }
 
     /// Number of temporary files (tests, metrics).
@@ -204,7 +205,11 @@ impl Export {
         }
         d.file.write_all_at(data, offset).map_err(|e| {
             tracing::warn!(error = %e, "writing a mount's temporary file");
-            if e.raw_os_error() == Some(libc::ENOSPC) { Status::NoSpc } else { Status::Io }
+            if e.raw_os_error() == Some(libc::ENOSPC) {
+                Status::NoSpc
+            } else {
+                Status::Io
+            }
         })?;
         if end > d.size {
             self.dirty.bytes.fetch_add(end - d.size, Ordering::Relaxed);
@@ -236,7 +241,9 @@ impl Export {
             return Ok(());
         }
         let key = self.key(&d.path);
-        self.bucket.put_file(&key, &d.file, d.size, self.limits.part_size).await?;
+        self.bucket
+            .put_file(&key, &d.file, d.size, self.limits.part_size)
+            .await?;
         d.changed = false;
         let path = d.path.clone();
         drop(guard);
@@ -247,7 +254,12 @@ impl Export {
     /// Drops clean temporary files nobody used for a while, abandoned uncommitted ones, and stale cache entries.
     pub async fn sweep(&self) {
         self.prune();
-        let slots: Vec<(u64, Slot)> = self.dirty.map().iter().map(|(id, (_, s))| (*id, s.clone())).collect();
+        let slots: Vec<(u64, Slot)> = self
+            .dirty
+            .map()
+            .iter()
+            .map(|(id, (_, s))| (*id, s.clone()))
+            .collect();
         for (id, slot) in slots {
             let Ok(mut guard) = slot.try_lock() else { continue };
             let drop_it = match guard.as_ref() {
@@ -256,7 +268,11 @@ impl Export {
                 Some(d) => {
                     let gone = d.used.elapsed() > IDLE_ABANDONED;
                     if gone {
-                        tracing::warn!(export = self.spec.key, bytes = d.size, "dropping uncommitted writes of a client that went away");
+                        tracing::warn!(
+                            export = self.spec.key,
+                            bytes = d.size,
+                            "dropping uncommitted writes of a client that went away"
+                        );
                     }
                     gone
                 }
@@ -313,7 +329,10 @@ impl Export {
         if size > d.size {
             self.dirty.bytes.fetch_add(size - d.size, Ordering::Relaxed);
         } else {
-            self.dirty.bytes.fetch_sub((d.size - size).min(self.dirty.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+            self.dirty.bytes.fetch_sub(
+                (d.size - size).min(self.dirty.bytes.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
         }
         d.size = size;
         d.changed = true;
@@ -440,7 +459,8 @@ impl Export {
         let (src_key, dst_key) = (self.key(&src), self.key(&dst));
         if src_kind == Kind::Dir {
             let listing = self.bucket.list_dir(&src_key).await?;
-            if !listing.files.is_empty() || !listing.dirs.is_empty() || !self.dirty.names_in(&src).is_empty() {
+            if !listing.files.is_empty() || !listing.dirs.is_empty() || !self.dirty.names_in(&src).is_empty()
+            {
                 return Err(Status::XDev);
             }
             self.bucket.put_marker(&dst_key).await?;
@@ -453,7 +473,9 @@ impl Export {
                 Some(slot) => {
                     let mut guard = slot.lock().await;
                     if let Some(d) = guard.as_mut() {
-                        self.bucket.put_file(&dst_key, &d.file, d.size, self.limits.part_size).await?;
+                        self.bucket
+                            .put_file(&dst_key, &d.file, d.size, self.limits.part_size)
+                            .await?;
                         d.changed = false;
                         d.path = dst.clone();
                     }

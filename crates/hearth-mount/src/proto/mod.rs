@@ -36,7 +36,10 @@ pub fn encode_fh(w: &mut Writer, key: u64, id: u64) {
 }
 
 /// A decoded file handle: its export and file id. Wrong length: BADHANDLE; unknown export: STALE.
-pub fn decode_fh(r: &mut Reader<'_>, exports: &dyn Exports) -> Result<Result<(Arc<Export>, u64), Status>, XdrError> {
+pub fn decode_fh(
+    r: &mut Reader<'_>,
+    exports: &dyn Exports,
+) -> Result<Result<(Arc<Export>, u64), Status>, XdrError> {
     let fh = r.opaque(FH_MAX)?;
     if fh.len() != FH_LEN {
         return Ok(Err(Status::BadHandle));
@@ -48,7 +51,8 @@ pub fn decode_fh(r: &mut Reader<'_>, exports: &dyn Exports) -> Result<Result<(Ar
 
 fn time(w: &mut Writer, t: std::time::SystemTime) {
     let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    w.u32(u32::try_from(d.as_secs()).unwrap_or(u32::MAX)).u32(d.subsec_nanos());
+    w.u32(u32::try_from(d.as_secs()).unwrap_or(u32::MAX))
+        .u32(d.subsec_nanos());
 }
 
 /// `fattr3`.

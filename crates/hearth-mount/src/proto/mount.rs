@@ -13,14 +13,21 @@ const AUTH_UNIX: u32 = 1;
 const MNTPATHLEN: usize = 1024;
 
 /// Runs procedure `proc_`; the body is written after an accepted-reply header.
-pub fn call(proc_: u32, args: &mut Reader<'_>, exports: &dyn Exports, w: &mut Writer) -> Result<Accept, XdrError> {
+pub fn call(
+    proc_: u32,
+    args: &mut Reader<'_>,
+    exports: &dyn Exports,
+    w: &mut Writer,
+) -> Result<Accept, XdrError> {
     match proc_ {
         // NULL, UMNTALL
         0 | 4 => {}
         // MNT
         1 => {
             let path = args.opaque(MNTPATHLEN)?;
-            let found = std::str::from_utf8(path).ok().and_then(|p| exports.by_name(p.trim_end_matches('/')));
+            let found = std::str::from_utf8(path)
+                .ok()
+                .and_then(|p| exports.by_name(p.trim_end_matches('/')));
             match found {
                 Some(e) => {
                     w.u32(0);

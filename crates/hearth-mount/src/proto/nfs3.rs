@@ -69,7 +69,12 @@ fn fh_attr(w: &mut Writer, e: &Export, a: &Attr) {
 }
 
 /// Runs procedure `proc_` with the arguments in `r`, writing the result into `w`.
-pub async fn call(proc_: u32, r: &mut Reader<'_>, exports: &dyn Exports, w: &mut Writer) -> Result<Accept, XdrError> {
+pub async fn call(
+    proc_: u32,
+    r: &mut Reader<'_>,
+    exports: &dyn Exports,
+    w: &mut Writer,
+) -> Result<Accept, XdrError> {
     match proc_ {
         0 => {}
         1 => getattr(decode_fh(r, exports)?, w).await,
@@ -310,7 +315,9 @@ async fn read(t: Target, offset: u64, count: u32, w: &mut Writer) {
             let a = e.getattr(id).await.ok();
             status(w, Status::Ok);
             post_attr(w, a.as_ref(), &e);
-            w.u32(u32::try_from(data.len()).unwrap_or(0)).bool(eof).opaque(&data);
+            w.u32(u32::try_from(data.len()).unwrap_or(0))
+                .bool(eof)
+                .opaque(&data);
         }
         Err(s) => {
             status(w, s);
@@ -342,7 +349,9 @@ async fn write(t: Target, offset: u64, stable: u32, data: &[u8], w: &mut Writer)
             status(w, Status::Ok);
             wcc(w, Some(&a), &e);
             let committed = if stable == UNSTABLE { UNSTABLE } else { FILE_SYNC };
-            w.u32(u32::try_from(data.len()).unwrap_or(0)).u32(committed).fixed(&e.verifier);
+            w.u32(u32::try_from(data.len()).unwrap_or(0))
+                .u32(committed)
+                .fixed(&e.verifier);
         }
         Err(s) => {
             status(w, s);
@@ -423,7 +432,11 @@ async fn readdir(t: Target, cookie: u64, dircount: u32, maxcount: u32, plus: boo
     let result = e
         .readdir(dir, cookie, |name| {
             let base = 24 + name.len().div_ceil(4) * 4;
-            let full = if plus { base + 4 + 84 + 4 + 4 + FH_LEN } else { base };
+            let full = if plus {
+                base + 4 + 84 + 4 + 4 + FH_LEN
+            } else {
+                base
+            };
             if total + full > max || dtotal + base > dmax.max(base) && dtotal > 0 {
                 return false;
             }
@@ -443,7 +456,10 @@ async fn readdir(t: Target, cookie: u64, dircount: u32, maxcount: u32, plus: boo
             post_attr(w, d.as_ref(), &e);
             w.fixed(&[0u8; 8]);
             for (entry, a) in &entries {
-                w.bool(true).u64(a.fileid).opaque(entry.name.as_bytes()).u64(a.fileid);
+                w.bool(true)
+                    .u64(a.fileid)
+                    .opaque(entry.name.as_bytes())
+                    .u64(a.fileid);
                 if plus {
                     post_attr(w, Some(a), &e);
                     w.bool(true);
@@ -461,7 +477,9 @@ async fn readdir(t: Target, cookie: u64, dircount: u32, maxcount: u32, plus: boo
 
 /// Whether entries remain after `cookie` (an empty page that is not the end means the limit is too small).
 async fn cookie_mid(e: &Export, dir: u64, cookie: u64) -> bool {
-    e.readdir(dir, cookie, |_| true).await.is_ok_and(|(v, _)| !v.is_empty())
+    e.readdir(dir, cookie, |_| true)
+        .await
+        .is_ok_and(|(v, _)| !v.is_empty())
 }
 
 async fn info(proc_: u32, t: Target, w: &mut Writer) {
@@ -488,12 +506,24 @@ async fn info(proc_: u32, t: Target, w: &mut Writer) {
         18 => {
             let big = 1u64 << 50;
             let free = if e.read_only() { 0 } else { big };
-            w.u64(big).u64(free).u64(free).u64(1 << 32).u64(1 << 32).u64(1 << 32).u32(0);
+            w.u64(big)
+                .u64(free)
+                .u64(free)
+                .u64(1 << 32)
+                .u64(1 << 32)
+                .u64(1 << 32)
+                .u32(0);
         }
         // FSINFO
         19 => {
             let io = crate::MAX_IO;
-            w.u32(io).u32(io).u32(4096).u32(io).u32(io).u32(4096).u32(64 * 1024);
+            w.u32(io)
+                .u32(io)
+                .u32(4096)
+                .u32(io)
+                .u32(io)
+                .u32(4096)
+                .u32(64 * 1024);
             w.u64(1 << 42).u32(0).u32(1_000_000);
             // FSF3_HOMOGENEOUS only: no links, no symlinks, times are the bucket's.
             w.u32(0x0008);

@@ -141,7 +141,11 @@ impl Client {
 
     pub async fn write(&mut self, fh: &[u8], offset: u64, data: &[u8], stable: u32) -> u32 {
         let mut w = Writer::new();
-        w.opaque(fh).u64(offset).u32(data.len() as u32).u32(stable).opaque(data);
+        w.opaque(fh)
+            .u64(offset)
+            .u32(data.len() as u32)
+            .u32(stable)
+            .opaque(data);
         self.nfs(7, &w.buf).await.0
     }
 
@@ -200,7 +204,15 @@ impl Client {
 
     pub async fn truncate(&mut self, fh: &[u8], size: u64) -> u32 {
         let mut w = Writer::new();
-        w.opaque(fh).bool(false).bool(false).bool(false).bool(true).u64(size).u32(0).u32(0).bool(false);
+        w.opaque(fh)
+            .bool(false)
+            .bool(false)
+            .bool(false)
+            .bool(true)
+            .u64(size)
+            .u32(0)
+            .u32(0)
+            .bool(false);
         self.nfs(2, &w.buf).await.0
     }
 
@@ -293,12 +305,18 @@ pub fn config(s3: &S3Server) -> hearth_store::StoreConfig {
 impl Fixture {
     pub async fn start(kind: S3Kind, opts: BucketOptions) -> Fixture {
         let _ = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, REGION);
-        let s3 = tokio::task::spawn_blocking(move || S3Server::start(kind, "bkt")).await.unwrap();
+        let s3 = tokio::task::spawn_blocking(move || S3Server::start(kind, "bkt"))
+            .await
+            .unwrap();
         let bucket = Bucket::new(config(&s3), opts).unwrap();
         let exports = Arc::new(ExportSet::default());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(hearth_mount::serve(listener, exports.clone(), ServerLimits::default()));
+        let server = tokio::spawn(hearth_mount::serve(
+            listener,
+            exports.clone(),
+            ServerLimits::default(),
+        ));
         Fixture {
             s3,
             bucket,
@@ -342,7 +360,13 @@ impl Fixture {
         let mut stack = vec![String::new()];
         while let Some(p) = stack.pop() {
             let l = self.bucket.list_dir(&p).await.unwrap();
-            let join = |n: &str| if p.is_empty() { n.to_string() } else { format!("{p}/{n}") };
+            let join = |n: &str| {
+                if p.is_empty() {
+                    n.to_string()
+                } else {
+                    format!("{p}/{n}")
+                }
+            };
             if l.marker {
                 out.push(format!("{p}/"));
             }

@@ -64,7 +64,9 @@ impl Db {
     /// Inserts a bucket; `Ok(false)` when the name is taken.
     pub fn insert_bucket(&self, b: &BucketRow) -> Result<bool, DbError> {
         let n = self.lock().execute(
-            &format!("INSERT OR IGNORE INTO buckets ({BUCKET_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+            &format!(
+                "INSERT OR IGNORE INTO buckets ({BUCKET_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            ),
             params![
                 b.name,
                 b.bucket,
@@ -108,7 +110,8 @@ impl Db {
                 "SELECT sandbox_id FROM mounts WHERE bucket = ?1
                  UNION SELECT snapshot_id FROM snapshot_mounts WHERE bucket = ?1 ORDER BY 1",
             )?;
-            stmt.query_map(params![name], |r| r.get(0))?.collect::<Result<_, _>>()?
+            stmt.query_map(params![name], |r| r.get(0))?
+                .collect::<Result<_, _>>()?
         };
         if users.is_empty() {
             tx.execute("DELETE FROM buckets WHERE name = ?1", params![name])?;
@@ -122,7 +125,14 @@ impl Db {
         let n = self.lock().execute(
             "INSERT OR IGNORE INTO mounts (sandbox_id, path, bucket, prefix, read_only, export_key)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![m.owner, m.path, m.bucket, m.prefix, m.read_only, m.export_key as i64],
+            params![
+                m.owner,
+                m.path,
+                m.bucket,
+                m.prefix,
+                m.read_only,
+                m.export_key as i64
+            ],
         )?;
         Ok(n == 1)
     }
@@ -142,7 +152,9 @@ impl Db {
             "SELECT sandbox_id, path, bucket, prefix, read_only, export_key FROM mounts
              WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY sandbox_id, path",
         )?;
-        let rows = stmt.query_map(params![sandbox], mount_row)?.collect::<Result<Vec<_>, _>>()?;
+        let rows = stmt
+            .query_map(params![sandbox], mount_row)?
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
     }
 
@@ -163,7 +175,9 @@ impl Db {
             "SELECT snapshot_id, path, bucket, prefix, read_only, export_key FROM snapshot_mounts
              WHERE snapshot_id = ?1 ORDER BY path",
         )?;
-        let rows = stmt.query_map(params![snapshot], mount_row)?.collect::<Result<Vec<_>, _>>()?;
+        let rows = stmt
+            .query_map(params![snapshot], mount_row)?
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
     }
 
@@ -233,12 +247,20 @@ mod tests {
         assert!(!db.insert_bucket(&b)?, "names are unique");
         assert!(db.insert_mount(&mount("sbx_1", "/mnt/a"))?);
         assert!(!db.insert_mount(&mount("sbx_1", "/mnt/a"))?, "one mount per path");
-        assert_eq!(db.list_mounts(Some("sbx_1"))?, vec![mount("sbx_1", "/mnt/a")], "keys round-trip");
+        assert_eq!(
+            db.list_mounts(Some("sbx_1"))?,
+            vec![mount("sbx_1", "/mnt/a")],
+            "keys round-trip"
+        );
         assert_eq!(db.delete_bucket_if_unused("b")?, vec!["sbx_1".to_string()]);
         db.snapshot_mounts("sbx_1", "snp_1")?;
         assert_eq!(db.list_snapshot_mounts("snp_1")?[0].path, "/mnt/a");
         assert!(db.delete_mount("sbx_1", "/mnt/a")?);
-        assert_eq!(db.delete_bucket_if_unused("b")?, vec!["snp_1".to_string()], "a snapshot holds it");
+        assert_eq!(
+            db.delete_bucket_if_unused("b")?,
+            vec!["snp_1".to_string()],
+            "a snapshot holds it"
+        );
         assert_eq!(db.prune_snapshot_mounts()?, 1);
         assert!(db.delete_bucket_if_unused("b")?.is_empty());
         assert!(db.get_bucket("b")?.is_none());

@@ -4,7 +4,9 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use hearth_api::{AttachMountRequest, Bucket, BucketList, CreateBucketRequest, ErrorBody, Mount, MountList, MountPathQuery};
+use hearth_api::{
+    AttachMountRequest, Bucket, BucketList, CreateBucketRequest, ErrorBody, Mount, MountList, MountPathQuery,
+};
 
 use super::AppState;
 use super::error::{ApiError, ApiQuery, SandboxId, SecretJson};
@@ -52,7 +54,10 @@ pub async fn get(State(st): State<AppState>, Path(name): Path<String>) -> Result
         (status = 409, description = "Still mounted", body = ErrorBody),
     ),
     security(("api_key" = [])))]
-pub async fn delete(State(st): State<AppState>, Path(name): Path<String>) -> Result<impl IntoResponse, ApiError> {
+pub async fn delete(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     st.sandboxes.delete_bucket(&name)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -62,7 +67,10 @@ pub async fn delete(State(st): State<AppState>, Path(name): Path<String>) -> Res
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, body = MountList), (status = 404, body = ErrorBody)),
     security(("api_key" = [])))]
-pub async fn mounts(State(st): State<AppState>, SandboxId(id): SandboxId) -> Result<Json<MountList>, ApiError> {
+pub async fn mounts(
+    State(st): State<AppState>,
+    SandboxId(id): SandboxId,
+) -> Result<Json<MountList>, ApiError> {
     Ok(Json(st.sandboxes.list_mounts(&id)?))
 }
 

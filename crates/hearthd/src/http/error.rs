@@ -117,7 +117,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for SecretJson<T> {
                     invalid_json(format!("invalid request body: {text}"))
                 }
             }),
-            Err(e) if e.code == ErrorCode::InvalidJson => Err(invalid_json("invalid request body: not a JSON object")),
+            Err(e) if e.code == ErrorCode::InvalidJson => {
+                Err(invalid_json("invalid request body: not a JSON object"))
+            }
             Err(e) => Err(e),
         }
     }

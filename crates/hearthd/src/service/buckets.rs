@@ -62,7 +62,13 @@ impl BucketKeys {
         let plain = serde_json::to_vec(creds).unwrap_or_default();
         let sealed = self
             .aead
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: &plain, aad: name.as_bytes() })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: &plain,
+                    aad: name.as_bytes(),
+                },
+            )
             .unwrap_or_default();
         [nonce.as_slice(), &sealed].concat()
     }
@@ -74,7 +80,13 @@ impl BucketKeys {
         let (nonce, body) = sealed.split_at(24);
         let plain = self
             .aead
-            .decrypt(XNonce::from_slice(nonce), Payload { msg: body, aad: name.as_bytes() })
+            .decrypt(
+                XNonce::from_slice(nonce),
+                Payload {
+                    msg: body,
+                    aad: name.as_bytes(),
+                },
+            )
             .ok()?;
         serde_json::from_slice(&plain).ok()
     }
@@ -114,16 +126,21 @@ fn store_config(row: &BucketRow, creds: Sealed) -> hearth_store::StoreConfig {
 /// Parses `s3://BUCKET[/PREFIX]` (S3 bucket naming; the prefix made of valid path segments).
 fn parse_url(url: &str) -> Result<(String, String), ServiceError> {
     let bad = |why: &str| ServiceError::InvalidArgument(format!("url {:?}: {why}", clip(url, 128)));
-    let rest = url.strip_prefix("s3://").ok_or_else(|| bad("expected s3://BUCKET[/PREFIX]"))?;
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| bad("expected s3://BUCKET[/PREFIX]"))?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     let bucket_ok = (3..=63).contains(&bucket.len())
-        && bucket.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
+        && bucket
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
         && !bucket.starts_with(['-', '.'])
         && !bucket.ends_with(['-', '.']);
     if !bucket_ok {
         return Err(bad("bucket names are 3-63 characters of a-z, 0-9, '-' and '.'"));
     }
-    let prefix = normalize_prefix(prefix).ok_or_else(|| bad("the prefix must be path segments without '.', '..' or empty ones"))?;
+    let prefix = normalize_prefix(prefix)
+        .ok_or_else(|| bad("the prefix must be path segments without '.', '..' or empty ones"))?;
     Ok((bucket.to_owned(), prefix))
 }
 
@@ -148,10 +165,15 @@ impl Sandboxes {
         if let Some(k) = self.buckets.get() {
             return Ok(k);
         }
-        let keys = BucketKeys::open(&self.settings.paths.data_dir.join("bucket-secrets.key"), BucketSettings::default())
-            .map_err(|e| ServiceError::Internal(format!("bucket secret key: {e}")))?;
+        let keys = BucketKeys::open(
+            &self.settings.paths.data_dir.join("bucket-secrets.key"),
+            BucketSettings::default(),
+        )
+        .map_err(|e| ServiceError::Internal(format!("bucket secret key: {e}")))?;
         let _ = self.buckets.set(keys);
-        self.buckets.get().ok_or_else(|| ServiceError::Internal("bucket keys".into()))
+        self.buckets
+            .get()
+            .ok_or_else(|| ServiceError::Internal("bucket keys".into()))
     }
 
     /// Sets bucket access up at start-up (before any request).
@@ -163,34 +185,46 @@ impl Sandboxes {
 
     /// Refuses an endpoint whose host resolves to an address the daemon must not reach for a user.
     async fn check_endpoint(&self, endpoint: &str) -> Result<(), ServiceError> {
-        let bad = |why: String| typed(ErrorCode::BucketUnreachable, format!("endpoint {}: {why}", clip(endpoint, 128)));
+        let bad = |why: String| {
+            typed(
+                ErrorCode::BucketUnreachable,
+                format!("endpoint {}: {why}", clip(endpoint, 128)),
+            )
+        };
         let rest = endpoint
             .strip_prefix("https://")
             .map(|r| (r, 443))
             .or_else(|| endpoint.strip_prefix("http://").map(|r| (r, 80)));
         let Some((rest, default_port)) = rest else {
-            return Err(ServiceError::InvalidArgument("endpoint must start with http:// or https://".into()));
+            return Err(ServiceError::InvalidArgument(
+                "endpoint must start with http:// or https://".into(),
+            ));
         };
         let authority = rest.split('/').next().unwrap_or_default();
         if authority.is_empty() || authority.contains('@') || !authority.is_ascii() || endpoint.len() > 512 {
-            return Err(ServiceError::InvalidArgument("endpoint must be a plain http(s)://HOST[:PORT][/]".into()));
+            return Err(ServiceError::InvalidArgument(
+                "endpoint must be a plain http(s)://HOST[:PORT][/]".into(),
+            ));
         }
         if self.bucket_keys()?.settings.allow_private_endpoints {
             return Ok(());
         }
-        let target = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        let target = if authority
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
             && !authority.ends_with(']')
         {
             authority.to_owned()
         } else {
             format!("{authority}:{default_port}")
         };
-        let addrs: Vec<IpAddr> = tokio::time::timeout(Duration::from_secs(10), tokio::net::lookup_host(target))
-            .await
-            .map_err(|_| bad("its name did not resolve in time".into()))?
-            .map_err(|e| bad(format!("cannot resolve: {e}")))?
-            .map(|a| a.ip())
-            .collect();
+        let addrs: Vec<IpAddr> =
+            tokio::time::timeout(Duration::from_secs(10), tokio::net::lookup_host(target))
+                .await
+                .map_err(|_| bad("its name did not resolve in time".into()))?
+                .map_err(|e| bad(format!("cannot resolve: {e}")))?
+                .map(|a| a.ip())
+                .collect();
         let denied = hearth_net::always_denied();
         if addrs.is_empty() || addrs.iter().any(|a| denied.iter().any(|n| n.contains(a))) {
             return Err(bad(
@@ -210,8 +244,13 @@ impl Sandboxes {
         }
         let (bucket, prefix) = parse_url(&req.url)?;
         let region = req.region.clone().unwrap_or_else(|| "us-east-1".into());
-        if region.is_empty() || region.len() > 32 || !region.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-            return Err(ServiceError::InvalidArgument("region must be 1-32 of a-z, 0-9 and -".into()));
+        if region.is_empty()
+            || region.len() > 32
+            || !region.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return Err(ServiceError::InvalidArgument(
+                "region must be 1-32 of a-z, 0-9 and -".into(),
+            ));
         }
         check_text("access_key_id", &req.access_key_id, 128)?;
         check_text("secret_access_key", &req.secret_access_key, 256)?;
@@ -219,7 +258,10 @@ impl Sandboxes {
             self.check_endpoint(e).await?;
         }
         if self.db.get_bucket(&req.name)?.is_some() {
-            return Err(ServiceError::Conflict(format!("a bucket called {} exists already", req.name)));
+            return Err(ServiceError::Conflict(format!(
+                "a bucket called {} exists already",
+                req.name
+            )));
         }
         let keys = self.bucket_keys()?;
         let custom_endpoint = req.endpoint.is_some();
@@ -234,7 +276,15 @@ impl Sandboxes {
             endpoint: req.endpoint.map(|e| e.trim_end_matches('/').to_owned()),
             region,
             path_style: req.path_style.unwrap_or(custom_endpoint),
-            key_hint: creds.access_key_id.chars().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect(),
+            key_hint: creds
+                .access_key_id
+                .chars()
+                .rev()
+                .take(4)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect(),
             sealed: keys.seal(&req.name, &creds),
             created_at_ms: now_ms(),
         };
@@ -242,7 +292,10 @@ impl Sandboxes {
             .map_err(|e| ServiceError::InvalidArgument(format!("bucket configuration: {}", e.message)))?;
         probe(&client, &row.prefix).await?;
         if !self.db.insert_bucket(&row)? {
-            return Err(ServiceError::Conflict(format!("a bucket called {} exists already", row.name)));
+            return Err(ServiceError::Conflict(format!(
+                "a bucket called {} exists already",
+                row.name
+            )));
         }
         tracing::info!(bucket = %row.name, url = %url_of(&row), "bucket registered");
         self.to_api_bucket(&row)
@@ -312,7 +365,10 @@ impl Sandboxes {
     }
 
     /// The S3 client of a registered bucket (made once, shared by every mount of it) and its row.
-    pub(crate) async fn bucket_client(&self, name: &str) -> Result<(hearth_mount::Bucket, BucketRow), ServiceError> {
+    pub(crate) async fn bucket_client(
+        &self,
+        name: &str,
+    ) -> Result<(hearth_mount::Bucket, BucketRow), ServiceError> {
         let row = self.bucket_row(name)?;
         let keys = self.bucket_keys()?;
         if let Some(c) = keys.clients().get(name) {
@@ -321,11 +377,14 @@ impl Sandboxes {
         if let Some(e) = &row.endpoint {
             self.check_endpoint(e).await?;
         }
-        let creds = keys
-            .open_sealed(&row.name, &row.sealed)
-            .ok_or_else(|| ServiceError::Internal(format!("the credentials of bucket {name} cannot be opened (key file changed?)")))?;
-        let client = hearth_mount::Bucket::new(store_config(&row, creds), hearth_mount::BucketOptions::default())
-            .map_err(|e| ServiceError::Internal(format!("bucket {name}: {}", e.message)))?;
+        let creds = keys.open_sealed(&row.name, &row.sealed).ok_or_else(|| {
+            ServiceError::Internal(format!(
+                "the credentials of bucket {name} cannot be opened (key file changed?)"
+            ))
+        })?;
+        let client =
+            hearth_mount::Bucket::new(store_config(&row, creds), hearth_mount::BucketOptions::default())
+                .map_err(|e| ServiceError::Internal(format!("bucket {name}: {}", e.message)))?;
         keys.clients().insert(name.to_owned(), client.clone());
         Ok((client, row))
     }
@@ -347,14 +406,22 @@ async fn probe(client: &hearth_mount::Bucket, prefix: &str) -> Result<(), Servic
     use hearth_store::RemoteErrorKind as K;
     match client.list_dir(prefix).await {
         Ok(_) => Ok(()),
-        Err(S3Error::Timeout(t)) => Err(typed(ErrorCode::BucketUnreachable, format!("the endpoint did not answer within {t:?}"))),
+        Err(S3Error::Timeout(t)) => Err(typed(
+            ErrorCode::BucketUnreachable,
+            format!("the endpoint did not answer within {t:?}"),
+        )),
         Err(S3Error::Remote(r)) => {
             let (code, what) = match r.kind {
                 K::NoSuchBucket => (ErrorCode::BucketNotFound, "no such bucket"),
                 K::AccessDenied => (ErrorCode::BucketAccessDenied, "access denied"),
                 K::Unreachable => (ErrorCode::BucketUnreachable, "endpoint unreachable"),
-                K::ClockSkew => (ErrorCode::BucketAccessDenied, "request time refused (this host's clock is off)"),
-                K::Unavailable | K::Other => (ErrorCode::BucketUnreachable, "the endpoint failed the request"),
+                K::ClockSkew => (
+                    ErrorCode::BucketAccessDenied,
+                    "request time refused (this host's clock is off)",
+                ),
+                K::Unavailable | K::Other => {
+                    (ErrorCode::BucketUnreachable, "the endpoint failed the request")
+                }
             };
             Err(typed(code, format!("{what}: {}", clip(&r.message, 300))))
         }
@@ -376,9 +443,22 @@ mod tests {
 
     #[test]
     fn urls_and_prefixes() {
-        assert_eq!(parse_url("s3://my-bucket").ok(), Some(("my-bucket".into(), String::new())));
-        assert_eq!(parse_url("s3://my-bucket/runs/42/").ok(), Some(("my-bucket".into(), "runs/42".into())));
-        for bad in ["http://b/x", "s3://AB", "s3://b", "s3://bucket/../x", "s3://bucket/a//b", "s3://bucket/a/./b"] {
+        assert_eq!(
+            parse_url("s3://my-bucket").ok(),
+            Some(("my-bucket".into(), String::new()))
+        );
+        assert_eq!(
+            parse_url("s3://my-bucket/runs/42/").ok(),
+            Some(("my-bucket".into(), "runs/42".into()))
+        );
+        for bad in [
+            "http://b/x",
+            "s3://AB",
+            "s3://b",
+            "s3://bucket/../x",
+            "s3://bucket/a//b",
+            "s3://bucket/a/./b",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
     }
@@ -387,15 +467,32 @@ mod tests {
     fn secrets_are_sealed_and_bound_to_the_name() -> std::io::Result<()> {
         let dir = tempfile::tempdir()?;
         let keys = BucketKeys::open(&dir.path().join("k"), BucketSettings::default())?;
-        let sealed = keys.seal("a", &Sealed {
-            access_key_id: "AKID".into(),
-            secret_access_key: "very-secret-value".into(),
-        });
-        assert!(!sealed.windows(17).any(|w| w == b"very-secret-value"), "not in the clear");
-        assert_eq!(keys.open_sealed("a", &sealed).map(|s| s.secret_access_key).as_deref(), Some("very-secret-value"));
-        assert!(keys.open_sealed("b", &sealed).is_none(), "bound to its bucket's name");
+        let sealed = keys.seal(
+            "a",
+            &Sealed {
+                access_key_id: "AKID".into(),
+                secret_access_key: "very-secret-value".into(),
+            },
+        );
+        assert!(
+            !sealed.windows(17).any(|w| w == b"very-secret-value"),
+            "not in the clear"
+        );
+        assert_eq!(
+            keys.open_sealed("a", &sealed)
+                .map(|s| s.secret_access_key)
+                .as_deref(),
+            Some("very-secret-value")
+        );
+        assert!(
+            keys.open_sealed("b", &sealed).is_none(),
+            "bound to its bucket's name"
+        );
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(dir.path().join("k"))?.permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(dir.path().join("k"))?.permissions().mode() & 0o777,
+            0o600
+        );
         Ok(())
     }
 }

@@ -75,12 +75,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub fn validate_path(path: &str) -> Result<(), ServiceError> {
     let bad = |why: &str| ServiceError::InvalidArgument(format!("mount path {:?}: {why}", clip(path, 128)));
     if !hearth_proto::msg::valid_guest_path(path) || path.len() > 256 || path.chars().any(char::is_control) {
-        return Err(bad("must be absolute and normalised (no '.', '..', '//' or trailing '/'), at most 256 bytes"));
+        return Err(bad(
+            "must be absolute and normalised (no '.', '..', '//' or trailing '/'), at most 256 bytes",
+        ));
     }
     if path == "/" || NOT_OVER.contains(&path) {
-        return Err(bad("would hide a whole system directory: mount below it (e.g. /mnt/data)"));
+        return Err(bad(
+            "would hide a whole system directory: mount below it (e.g. /mnt/data)",
+        ));
     }
-    if SYSTEM_DIRS.iter().any(|d| path == *d || path.starts_with(&format!("{d}/"))) {
+    if SYSTEM_DIRS
+        .iter()
+        .any(|d| path == *d || path.starts_with(&format!("{d}/")))
+    {
         return Err(bad("is (or is under) a system directory"));
     }
     Ok(())
@@ -104,12 +111,17 @@ impl Sandboxes {
     }
 
     /// Validates the mounts of a create request; a restore from a snapshot gets the snapshot's mounts.
-    pub(crate) fn plan_mounts(&self, specs: &[MountSpec], snapshot: Option<&str>) -> Result<Vec<MountRow>, ServiceError> {
+    pub(crate) fn plan_mounts(
+        &self,
+        specs: &[MountSpec],
+        snapshot: Option<&str>,
+    ) -> Result<Vec<MountRow>, ServiceError> {
         let rows = match snapshot {
             Some(snap) => {
                 if !specs.is_empty() {
                     return Err(ServiceError::InvalidArgument(
-                        "mounts cannot be given with a snapshot: its restores get the snapshot's mounts".into(),
+                        "mounts cannot be given with a snapshot: its restores get the snapshot's mounts"
+                            .into(),
                     ));
                 }
                 self.db.list_snapshot_mounts(snap)?
@@ -127,7 +139,9 @@ impl Sandboxes {
                     rows.push(row);
                 }
                 if rows.len() > MAX_MOUNTS {
-                    return Err(ServiceError::InvalidArgument(format!("at most {MAX_MOUNTS} mounts per sandbox")));
+                    return Err(ServiceError::InvalidArgument(format!(
+                        "at most {MAX_MOUNTS} mounts per sandbox"
+                    )));
                 }
                 rows
             }
@@ -139,7 +153,13 @@ impl Sandboxes {
     }
 
     /// A new mount's row (no owner yet), validated.
-    fn mount_row(&self, path: &str, bucket: &str, prefix: Option<&str>, ro: Option<bool>) -> Result<MountRow, ServiceError> {
+    fn mount_row(
+        &self,
+        path: &str,
+        bucket: &str,
+        prefix: Option<&str>,
+        ro: Option<bool>,
+    ) -> Result<MountRow, ServiceError> {
         validate_path(path)?;
         let b = self.bucket_row_checked(bucket)?;
         let prefix = super::buckets::normalize_prefix(prefix.unwrap_or("").trim_start_matches('/'))
@@ -200,8 +220,18 @@ impl Sandboxes {
         let listener = tokio::net::TcpListener::from_std(std_listener)
             .map_err(|e| ServiceError::Internal(format!("mount server of {id}: {e}")))?;
         let exports = Arc::new(ExportSet::default());
-        let task = tokio::spawn(hearth_mount::serve(listener, exports.clone(), hearth_mount::ServerLimits::default()));
-        servers.insert(id.to_owned(), Server { exports: exports.clone(), task });
+        let task = tokio::spawn(hearth_mount::serve(
+            listener,
+            exports.clone(),
+            hearth_mount::ServerLimits::default(),
+        ));
+        servers.insert(
+            id.to_owned(),
+            Server {
+                exports: exports.clone(),
+                task,
+            },
+        );
         Ok(exports)
     }
 
@@ -295,12 +325,26 @@ impl Sandboxes {
     }
 
     fn sweep_handle_tables(&self) {
-        let mut keep: Vec<u64> = self.db.list_mounts(None).unwrap_or_default().iter().map(|m| m.export_key).collect();
+        let mut keep: Vec<u64> = self
+            .db
+            .list_mounts(None)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| m.export_key)
+            .collect();
         let _ = self.db.prune_snapshot_mounts();
         for s in self.db.list_snapshots().unwrap_or_default() {
-            keep.extend(self.db.list_snapshot_mounts(&s.id).unwrap_or_default().iter().map(|m| m.export_key));
+            keep.extend(
+                self.db
+                    .list_snapshot_mounts(&s.id)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|m| m.export_key),
+            );
         }
-        let Ok(dir) = std::fs::read_dir(self.mounts_dir().join("handles")) else { return };
+        let Ok(dir) = std::fs::read_dir(self.mounts_dir().join("handles")) else {
+            return;
+        };
         for entry in dir.flatten() {
             let name = entry.file_name();
             let used = name
@@ -338,7 +382,10 @@ impl Sandboxes {
             if only.is_some_and(|o| o != sandbox) {
                 continue;
             }
-            let now = (c.counters.bytes_read.load(Relaxed), c.counters.bytes_written.load(Relaxed));
+            let now = (
+                c.counters.bytes_read.load(Relaxed),
+                c.counters.bytes_written.load(Relaxed),
+            );
             let e = per.entry(sandbox.clone()).or_default();
             e.0 += now.0.saturating_sub(c.flushed.0);
             e.1 += now.1.saturating_sub(c.flushed.1);
@@ -385,7 +432,12 @@ impl Sandboxes {
     }
 
     /// `PUT /v1/sandboxes/{id}/mounts?path=`: mounts a bucket in a running (or paused: resumed) sandbox.
-    pub async fn attach_mount(&self, id: &str, path: &str, req: AttachMountRequest) -> Result<Mount, ServiceError> {
+    pub async fn attach_mount(
+        &self,
+        id: &str,
+        path: &str,
+        req: AttachMountRequest,
+    ) -> Result<Mount, ServiceError> {
         let row = self.row(id)?;
         self.wake(&row).await?;
         let lock_ = self.op_lock(id);
@@ -398,10 +450,16 @@ impl Sandboxes {
         new.owner = id.to_owned();
         let existing = self.db.list_mounts(Some(id))?;
         if let Some(o) = existing.iter().find(|m| overlaps(&m.path, path)) {
-            return Err(ServiceError::Conflict(format!("{} is mounted at {} already", clip(path, 128), o.path)));
+            return Err(ServiceError::Conflict(format!(
+                "{} is mounted at {} already",
+                clip(path, 128),
+                o.path
+            )));
         }
         if existing.len() >= MAX_MOUNTS {
-            return Err(ServiceError::Conflict(format!("sandbox {id} has {MAX_MOUNTS} mounts already")));
+            return Err(ServiceError::Conflict(format!(
+                "sandbox {id} has {MAX_MOUNTS} mounts already"
+            )));
         }
         let client = self.client_of(id).await?;
         if !self.db.insert_mount(&new)? {
@@ -433,13 +491,29 @@ impl Sandboxes {
         let lock_ = self.op_lock(id);
         let _guard = lock_.lock().await;
         self.running(id)?;
-        let Some(m) = self.db.list_mounts(Some(id))?.into_iter().find(|m| m.path == path) else {
-            return Err(ServiceError::NotFound(format!("nothing is mounted at {} in {id}", clip(path, 128))));
+        let Some(m) = self
+            .db
+            .list_mounts(Some(id))?
+            .into_iter()
+            .find(|m| m.path == path)
+        else {
+            return Err(ServiceError::NotFound(format!(
+                "nothing is mounted at {} in {id}",
+                clip(path, 128)
+            )));
         };
         let client = self.client_of(id).await?;
         match tokio::time::timeout(AGENT_TIMEOUT, client.unmount(path)).await {
-            Err(_) => return Err(ServiceError::AgentUnavailable("the guest did not unmount in time".into())),
-            Ok(Err(ClientError::Guest { kind: ErrorKind::NotFound, .. })) | Ok(Ok(())) => {}
+            Err(_) => {
+                return Err(ServiceError::AgentUnavailable(
+                    "the guest did not unmount in time".into(),
+                ));
+            }
+            Ok(Err(ClientError::Guest {
+                kind: ErrorKind::NotFound,
+                ..
+            }))
+            | Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(agent_error(e)),
         }
         self.flush_mount_usage(Some(id));
@@ -460,7 +534,10 @@ impl Sandboxes {
     fn running(&self, id: &str) -> Result<(), ServiceError> {
         let row = self.row(id)?;
         if row.state != SandboxState::Running {
-            return Err(ServiceError::Conflict(format!("sandbox {id} is {}", row.state.as_str())));
+            return Err(ServiceError::Conflict(format!(
+                "sandbox {id} is {}",
+                row.state.as_str()
+            )));
         }
         Ok(())
     }
@@ -492,7 +569,10 @@ async fn guest_mount(client: &AgentClient, row: &MountRow) -> Result<(), Service
         read_only: row.read_only,
     };
     match tokio::time::timeout(AGENT_TIMEOUT, client.mount(req)).await {
-        Err(_) => Err(ServiceError::AgentUnavailable(format!("the guest did not mount {} in time", row.path))),
+        Err(_) => Err(ServiceError::AgentUnavailable(format!(
+            "the guest did not mount {} in time",
+            row.path
+        ))),
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(agent_error(e)),
     }
@@ -538,12 +618,28 @@ mod tests {
             assert!(validate_path(ok).is_ok(), "{ok}");
         }
         for bad in [
-            "", "mnt/data", "/", "/proc", "/proc/x", "/sys", "/dev/shm", "/etc", "/usr/local/x", "/root", "/tmp",
-            "/mnt/../etc", "/mnt//x", "/mnt/x/", "/mnt/./x", "/mnt/a\nb",
+            "",
+            "mnt/data",
+            "/",
+            "/proc",
+            "/proc/x",
+            "/sys",
+            "/dev/shm",
+            "/etc",
+            "/usr/local/x",
+            "/root",
+            "/tmp",
+            "/mnt/../etc",
+            "/mnt//x",
+            "/mnt/x/",
+            "/mnt/./x",
+            "/mnt/a\nb",
         ] {
             assert!(validate_path(bad).is_err(), "{bad:?}");
         }
-        assert!(overlaps("/mnt/a", "/mnt/a/b") && overlaps("/mnt/a", "/mnt/a") && !overlaps("/mnt/a", "/mnt/ab"));
+        assert!(
+            overlaps("/mnt/a", "/mnt/a/b") && overlaps("/mnt/a", "/mnt/a") && !overlaps("/mnt/a", "/mnt/ab")
+        );
         assert_eq!(join_prefix("a", "b/c"), "a/b/c");
         assert_eq!(join_prefix("", "b"), "b");
         assert_eq!(join_prefix("a", ""), "a");

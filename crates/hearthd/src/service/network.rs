@@ -94,7 +94,7 @@ impl Networking {
             .uplink_addresses()
             .map_err(|e| format!("uplink addresses: {e}"))?;
         let upstream = Upstream::new(settings.dns_upstream, settings.uplink_netns.clone());
-        let port_key = load_port_key(&settings.port_key_file)
+        let port_key = load_key_file(&settings.port_key_file)
             .map_err(|e| format!("port token key {}: {e}", settings.port_key_file.display()))?;
         Ok(Networking {
             port_key,
@@ -227,13 +227,9 @@ impl Networking {
     }
 }
 
-/// Reads a 32-byte key file, creating it (mode 0600, random) on first use.
+/// Reads a 32-byte key file (the port-token key, the bucket-secret key), creating it (mode 0600, random) on
+/// first use.
 pub(crate) fn load_key_file(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
-    load_port_key(path)
-}
-
-/// Reads the port-token key, creating it (mode 0600) on first use.
-fn load_port_key(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Ok(bytes) = std::fs::read(path)

@@ -54,8 +54,11 @@ impl Fixture {
     }
 
     pub async fn start_kind(range: &str, kind: S3Kind) -> Fixture {
-        let s3 = tokio::task::spawn_blocking(move || S3Server::start(kind, BUCKET)).await.unwrap();
-        let host = hearth_mount::Bucket::new(store_config(&s3, SECRET_ACCESS_KEY), Default::default()).unwrap();
+        let s3 = tokio::task::spawn_blocking(move || S3Server::start(kind, BUCKET))
+            .await
+            .unwrap();
+        let host =
+            hearth_mount::Bucket::new(store_config(&s3, SECRET_ACCESS_KEY), Default::default()).unwrap();
         let d = Daemon::start_opts(options(range)).await;
         Fixture { s3, host, d }
     }
@@ -98,7 +101,13 @@ impl Fixture {
         let mut stack = vec![prefix.trim_end_matches('/').to_string()];
         while let Some(p) = stack.pop() {
             let l = self.host.list_dir(&p).await.unwrap();
-            let join = |n: &str| if p.is_empty() { n.to_string() } else { format!("{p}/{n}") };
+            let join = |n: &str| {
+                if p.is_empty() {
+                    n.to_string()
+                } else {
+                    format!("{p}/{n}")
+                }
+            };
             if l.marker {
                 out.push(format!("{p}/"));
             }
@@ -118,7 +127,14 @@ impl Fixture {
     /// Runs a shell line that must succeed; returns its stdout.
     pub async fn ok(&self, id: &str, cmd: &str) -> String {
         let r = self.d.run(id, json!({ "cmd": cmd, "timeout_s": 120 })).await;
-        assert_eq!(r.exit_code, 0, "{cmd}: {} {}\n{}", r.stdout, r.stderr, self.d.log());
+        assert_eq!(
+            r.exit_code,
+            0,
+            "{cmd}: {} {}\n{}",
+            r.stdout,
+            r.stderr,
+            self.d.log()
+        );
         r.stdout
     }
 }
@@ -126,7 +142,10 @@ impl Fixture {
 impl Fixture {
     /// Starts a background command in the guest; returns its pid.
     pub async fn bg(&self, id: &str, cmd: &str) -> u64 {
-        let (st, v) = self.d.run_raw(id, json!({ "cmd": cmd, "background": true })).await;
+        let (st, v) = self
+            .d
+            .run_raw(id, json!({ "cmd": cmd, "background": true }))
+            .await;
         assert!(st.is_success(), "{cmd}: {st} {v}");
         v["pid"].as_u64().unwrap()
     }
@@ -138,5 +157,8 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    assert!(crate::common::wait_until(timeout, f).await, "{what} within {timeout:?}");
+    assert!(
+        crate::common::wait_until(timeout, f).await,
+        "{what} within {timeout:?}"
+    );
 }
