@@ -218,7 +218,7 @@ async fn semantics_and_errnos_of_unsupported_operations() {
 #[tokio::test]
 async fn mounts_work_with_egress_denied_and_attach_detach_at_run_time() {
     let _vm = common::VM_LOCK.lock().await;
-    let f = Fixture::start("10.213.84.0/24").await;
+    let f = Fixture::start("10.213.94.0/24").await;
     f.register("data", "s3://bkt").await;
     f.put("x/hello.txt", b"hi\n").await;
     let sbx =

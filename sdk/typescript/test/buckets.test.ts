@@ -15,7 +15,7 @@ import { Bucket, ConflictError, HearthError, Sandbox } from "@hearth/sdk";
 
 import { type Daemon, startDaemon } from "./daemon.js";
 
-const RANGE = "10.213.73.0/24";
+const RANGE = "10.213.74.0/24";
 const KEY = "sdkkey";
 const SECRET = "sdk-secret-0123456789";
 const S3S_FS = process.env.HEARTH_S3S_FS ?? "/opt/hearth/test-tools/bin/s3s-fs";
