@@ -40,8 +40,10 @@ WORK=$OUT/.build
 MIRROR=${HEARTH_MIRROR:-http://deb.debian.org/debian}
 
 # Kernel modules the guest needs, in load order (dependencies are added automatically, built-ins skipped).
+# nfsv3 (with sunrpc, lockd, grace, netfs, fscache, nfs, nfs_acl) is the client of bucket mounts
+# (docs/storage.md): the agent mounts the host's export with mount(2), no userspace helper.
 GUEST_MODULES="virtio_ring virtio virtio_mmio virtio_blk virtio_console failover net_failover virtio_net \
-vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio-rng virtio_balloon overlay"
+vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio-rng virtio_balloon overlay nfsv3"
 DEBIAN_SUITE=trixie
 DEBIAN_PACKAGES="python3,bash,coreutils,ca-certificates,procps"
 DEBIAN_SIZE=2G

@@ -345,6 +345,14 @@ async fn handle(
             ctx.reply(GuestMsg::Ok);
         }
         HostMsg::WatchDir(req) => return crate::watch::run(ctx, req).await,
+        HostMsg::Mount(req) => {
+            crate::mounts::mount_nfs(req).await?;
+            ctx.reply(GuestMsg::Ok);
+        }
+        HostMsg::Unmount { path } => {
+            crate::mounts::unmount(path).await?;
+            ctx.reply(GuestMsg::Ok);
+        }
         other => return crate::files::handle(ctx, other, inbound).await,
     }
     Ok(After::Done)

@@ -17,6 +17,7 @@
 //!   hostname, machine-id), configured by [`SystemConfig`].
 //! - `reaper`: the single process-wide SIGCHLD-style reaper that hands exit statuses to their waiters and
 //!   reaps orphans (PID 1 duty).
+//! - `mounts`: `Mount`/`Unmount`: NFS mounts of the host's mount service (mount(2) with text options).
 //! - [`init`]: PID 1 setup (mounts, hostname, `lo`, kernel command line, logging to the console).
 //! - [`net`]: the guest's NIC (address, default route, resolver) from `hearth.net=` on the command line.
 //! - [`transport`]: serial (virtio-serial port) and vsock listeners, and [`transport::FdStream`].
@@ -27,6 +28,7 @@ mod conn;
 pub mod contain;
 mod files;
 pub mod init;
+mod mounts;
 pub mod net;
 mod procs;
 mod pty;

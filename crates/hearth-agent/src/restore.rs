@@ -111,7 +111,7 @@ const PSEUDO_FS: &[&str] = &[
 ];
 
 /// `/proc/mounts` writes space, tab, newline and backslash as `\ooo` octal escapes.
-fn unescape_mount_path(s: &str) -> String {
+pub(crate) fn unescape_mount_path(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

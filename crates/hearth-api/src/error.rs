@@ -32,6 +32,17 @@ pub enum ErrorCode {
     /// A snapshot's files do not match its manifest (truncated, altered or missing): it is refused before the
     /// VMM reads it.
     SnapshotCorrupt,
+    /// The bucket named in a registration does not exist at its endpoint.
+    BucketNotFound,
+    /// The bucket refused the credentials (or they lack a permission the probe needs: list, put, get, delete).
+    BucketAccessDenied,
+    /// The bucket's endpoint could not be reached (address, DNS, TLS, timeout) or is not allowed.
+    BucketUnreachable,
+    /// The operation needs the sandbox's network (mounts are served on its gateway); the daemon runs with
+    /// networking off.
+    NetworkRequired,
+    /// The sandbox's agent predates the operation (e.g. a sandbox restored from an old snapshot).
+    AgentTooOld,
     /// Something unexpected went wrong in the daemon.
     Internal,
     /// Any code this client version does not know yet.
@@ -43,7 +54,9 @@ impl ErrorCode {
     /// The HTTP status this code is served with.
     pub fn http_status(self) -> u16 {
         match self {
-            ErrorCode::InvalidJson | ErrorCode::InvalidArgument => 400,
+            ErrorCode::InvalidJson | ErrorCode::InvalidArgument | ErrorCode::NetworkRequired => 400,
+            ErrorCode::BucketNotFound | ErrorCode::BucketAccessDenied | ErrorCode::BucketUnreachable => 422,
+            ErrorCode::AgentTooOld => 409,
             ErrorCode::Unauthorized => 401,
             ErrorCode::NotFound | ErrorCode::UnknownRoute => 404,
             ErrorCode::MethodNotAllowed => 405,
@@ -71,6 +84,11 @@ impl ErrorCode {
             ErrorCode::UnknownRoute => "unknown_route",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::SnapshotCorrupt => "snapshot_corrupt",
+            ErrorCode::BucketNotFound => "bucket_not_found",
+            ErrorCode::BucketAccessDenied => "bucket_access_denied",
+            ErrorCode::BucketUnreachable => "bucket_unreachable",
+            ErrorCode::NetworkRequired => "network_required",
+            ErrorCode::AgentTooOld => "agent_too_old",
             ErrorCode::Internal => "internal",
             ErrorCode::Unknown => "unknown",
         }

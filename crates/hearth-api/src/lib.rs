@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`sandbox`]: create/list/info requests and the sandbox record.
+//! - [`bucket`]: buckets registered as named credentials, and mounts of them in sandboxes.
 //! - [`command`]: command execution, streamed events and background processes.
 //! - [`file`]: file metadata and file-operation requests.
 //! - [`network`]: egress policy, private networks, the egress audit log, exposed-port tokens.
@@ -11,6 +12,7 @@
 //! Everything here is plain data (serde), shared by the daemon, the Rust client, the CLI and (through the
 //! generated OpenAPI document) the TypeScript SDK. Requests reject unknown fields so typos fail loudly.
 
+pub mod bucket;
 pub mod command;
 pub mod error;
 pub mod file;
@@ -18,6 +20,7 @@ pub mod network;
 pub mod sandbox;
 pub mod system;
 
+pub use bucket::*;
 pub use command::*;
 pub use error::*;
 pub use file::*;

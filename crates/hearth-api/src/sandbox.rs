@@ -46,6 +46,10 @@ pub struct CreateSandboxRequest {
     /// `<name>.<network>.internal` (as well as `<id>.<network>.internal`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Buckets to mount (registered with `POST /v1/buckets`); needs the daemon's networking. Not allowed with
+    /// `snapshot`: a sandbox restored from a snapshot gets the snapshot's mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<crate::MountSpec>,
 }
 
 /// What happens to a sandbox when its TTL passes.
@@ -199,6 +203,12 @@ pub struct SandboxUsage {
     pub paused_seconds: f64,
     /// Bytes on disk of the sandbox's paused state and of the snapshots taken from it (now).
     pub snapshot_bytes: u64,
+    /// Bytes read from mounted buckets since the sandbox was created (not clipped to the window).
+    #[serde(default)]
+    pub bytes_read: u64,
+    /// Bytes written to mounted buckets since the sandbox was created (not clipped to the window).
+    #[serde(default)]
+    pub bytes_written: u64,
 }
 
 /// Body of `GET /v1/usage`.

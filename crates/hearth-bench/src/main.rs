@@ -4,12 +4,14 @@
 //! - [`daemon`]: start a private hearthd on a temporary data dir, or use `HEARTH_URL`/`HEARTH_API_KEY`.
 //! - [`stats`]: percentiles and table rendering.
 //! - [`fakenet`]: the private daemon's fake internet (namespaces the bench makes), [`net`]: the network rows.
+//! - [`mounts`]: the bucket-mount rows (`--only-mounts`): a local S3 server, a mount vs a plain S3 client.
 //! - `main`: the scenarios, each measured in the same run so that ratios compare like with like on a noisy
 //!   machine.
 
 mod boot;
 mod daemon;
 mod fakenet;
+mod mounts;
 mod net;
 mod state;
 mod stats;
@@ -99,6 +101,16 @@ struct Args {
     /// TCG).
     #[arg(long, conflicts_with_all = ["only_net", "external"])]
     only_boot: bool,
+    /// Only the bucket-mount rows: a private daemon with networking, a local s3s-fs, a `--mount-template`
+    /// sandbox (needs python3).
+    #[arg(long, conflicts_with_all = ["only_net", "external", "only_boot", "no_net"])]
+    only_mounts: bool,
+    /// MiB of the mount rows' sequential file.
+    #[arg(long, default_value_t = 256)]
+    mount_mib: u64,
+    /// Template of the mount rows' sandbox.
+    #[arg(long, default_value = "debian")]
+    mount_template: String,
 }
 
 fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
@@ -128,6 +140,9 @@ async fn main() -> Result<()> {
         );
         println!("{}", stats::render(&rows));
         return Ok(());
+    }
+    if args.only_mounts {
+        return only_mounts(&args).await;
     }
     // A private daemon's sandboxes reach only the bench's fake internet, or no network at all.
     let network_off = std::env::var("HEARTH_NETWORK").is_ok_and(|v| v == "off");
@@ -226,6 +241,32 @@ async fn main() -> Result<()> {
         },
         args.memory_mib,
         system.capacity.host_cpus
+    );
+    println!("{}", stats::render(&rows));
+    Ok(())
+}
+
+/// `--only-mounts`: a private daemon (networking through the fake internet, loopback bucket endpoints allowed).
+async fn only_mounts(args: &Args) -> Result<()> {
+    let fake = fakenet::FakeNet::new().context("build the fake internet (root, ip, nft needed)")?;
+    let mut flags = fake.daemon_flags();
+    flags.push("--allow-private-bucket-endpoints".into());
+    let daemon = daemon::Daemon::spawn(args.hearthd.clone(), &flags).await?;
+    let system = daemon.client.system().await.context("GET /v1/system")?;
+    let margs = mounts::MountArgs {
+        template: args.mount_template.clone(),
+        memory_mib: args.memory_mib.max(512),
+        mib: args.mount_mib,
+        ls_rounds: 3,
+        small_files: 10,
+    };
+    let result = mounts::rows(&daemon.client, &margs).await;
+    drop(daemon);
+    drop(fake);
+    let rows = result?;
+    println!(
+        "hearth-bench: vmm={} accel={} template={} memory={} MiB host_cpus={} (mount rows only)\n",
+        system.vmm, system.accel, args.mount_template, margs.memory_mib, system.capacity.host_cpus
     );
     println!("{}", stats::render(&rows));
     Ok(())

@@ -72,11 +72,12 @@ pub async fn repause_bytes(
     dirty_mib: u32,
 ) -> Result<Option<(u64, u64)>> {
     let measure = async |script: &str| -> Result<Option<u64>> {
-        client.run_command(id, &sh(script)).await?;
-        // Let the page cache settle so the counter sees only the pause's own writes.
+        // Flush what is dirty now (guest and host), then count what the guest's work and the pause write: the
+        // pages the guest dirtied reach the disk when the pause syncs the memory file.
         client.run_command(id, &sh("sync")).await?;
         tokio::task::spawn_blocking(nix::unistd::sync).await?;
         let before = sectors_written(data_dir);
+        client.run_command(id, &sh(script)).await?;
         client.pause_sandbox(id).await.context("pause")?;
         let after = sectors_written(data_dir);
         client.resume_sandbox(id).await.context("resume")?;
@@ -118,7 +119,7 @@ pub fn rows(
         Some((idle, dirty)) => {
             let mib = |b: u64| b as f64 / 1048576.0;
             rows.push(Row::value(
-                "re-pause of an idle sandbox: bytes written to disk / guest memory",
+                "re-pause of an idle sandbox: bytes written to the disk (whole device) / guest memory",
                 format!(
                     "{:.1} MiB / {small_mib} MiB = {:.3}",
                     mib(idle),

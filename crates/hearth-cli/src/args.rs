@@ -135,6 +135,57 @@ pub enum Command {
     /// Serve hearth's tools to an AI agent over MCP on stdin/stdout (uses --url and the API key like every
     /// command; see docs/mcp.md).
     Mcp,
+    /// Buckets (S3, MinIO, R2) registered as named credentials: add, ls, show, rm.
+    #[command(subcommand)]
+    Bucket(BucketCommand),
+    /// Mount a registered bucket in a running sandbox: `hearth mount ID BUCKET[:PREFIX]:PATH[:ro]`.
+    Mount {
+        id: String,
+        #[arg(value_name = "BUCKET[:PREFIX]:PATH[:ro]", value_parser = hearth_client::buckets::parse_mount)]
+        mount: hearth_api::MountSpec,
+    },
+    /// Unmount PATH in a sandbox (written data reaches the bucket first).
+    Unmount { id: String, path: String },
+    /// List the buckets mounted in a sandbox, with the bytes moved through each.
+    Mounts { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BucketCommand {
+    /// Register a bucket under NAME (the daemon probes it; the secret is stored encrypted, never shown).
+    ///
+    /// The keys come from --access-key-id/--secret-access-key or, better (they do not show in `ps`), from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+    Add {
+        name: String,
+        /// `s3://BUCKET[/PREFIX]`.
+        #[arg(value_name = "URL")]
+        bucket_url: String,
+        /// Endpoint of a non-AWS service (MinIO, R2: `https://ACCOUNT.r2.cloudflarestorage.com`).
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// Region (default us-east-1; R2: auto).
+        #[arg(long)]
+        region: Option<String>,
+        /// Path-style addressing (default: on with --endpoint).
+        #[arg(long)]
+        path_style: Option<bool>,
+        #[arg(long, env = "AWS_ACCESS_KEY_ID", hide_env_values = true)]
+        access_key_id: String,
+        #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
+        secret_access_key: String,
+    },
+    /// List registered buckets.
+    #[command(alias = "list")]
+    Ls,
+    /// Show one bucket and who mounts it.
+    Show { name: String },
+    /// Forget buckets (refused while mounted).
+    #[command(alias = "delete")]
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -266,6 +317,9 @@ pub struct CreateArgs {
     /// A name peers on its private networks resolve (`<name>.<network>.internal`).
     #[arg(long)]
     pub name: Option<String>,
+    /// Mount a registered bucket (repeatable): `BUCKET[:PREFIX]:PATH[:ro]`, e.g. `data:runs/42/:/mnt/in:ro`.
+    #[arg(long = "mount", value_name = "BUCKET[:PREFIX]:PATH[:ro]", value_parser = hearth_client::buckets::parse_mount)]
+    pub mounts: Vec<hearth_api::MountSpec>,
 }
 
 #[derive(Debug, Args)]

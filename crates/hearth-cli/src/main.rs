@@ -122,6 +122,10 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Doctor => cmd::system::doctor(ctx).await,
         Command::Mcp => cmd::mcp::serve(ctx).await,
         Command::Net(n) => cmd::net::net(ctx, n).await,
+        Command::Bucket(b) => cmd::buckets::bucket(ctx, b).await,
+        Command::Mount { id, mount } => cmd::buckets::mount(ctx, &id, &mount).await,
+        Command::Unmount { id, path } => cmd::buckets::unmount(ctx, &id, &path).await,
+        Command::Mounts { id } => cmd::buckets::mounts(ctx, &id).await,
         Command::Expose { id, port, ttl } => cmd::net::expose(ctx, &id, port, ttl).await,
         Command::Completions { shell } => {
             let mut command = Cli::command();

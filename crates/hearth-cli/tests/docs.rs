@@ -77,6 +77,11 @@ fn doc(name: &str) -> String {
 
 /// Runs a page's examples in one shell and checks each one's output.
 fn run_page(name: &str) {
+    run_page_on(name, &Daemon::start(), &[]);
+}
+
+/// [`run_page`] against `daemon`, with `env` added to the shell's environment.
+fn run_page_on(name: &str, daemon: &Daemon, env: &[(String, String)]) {
     let page = doc(name);
     let examples = examples(&page);
     assert!(
@@ -91,7 +96,6 @@ fn run_page(name: &str) {
     }
     script.push_str(&format!("echo '{}'\n", marker(examples.len())));
 
-    let daemon = Daemon::start();
     let work = tempfile::tempdir().unwrap();
     let bin_dir: PathBuf = Path::new(env!("CARGO_BIN_EXE_hearth"))
         .parent()
@@ -109,6 +113,7 @@ fn run_page(name: &str) {
         .env("HEARTH_URL", &daemon.url)
         .env("HEARTH_API_KEY", &daemon.key)
         .env("NO_COLOR", "1")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env_remove("HEARTH_DATA_DIR")
         .output()
         .unwrap();
@@ -162,4 +167,28 @@ fn api_page_examples_run() {
 #[test]
 fn cli_page_examples_run() {
     run_page("cli.md");
+}
+
+/// docs/storage.md needs a bucket: a real S3 server on loopback (s3s-fs), and a daemon with networking (mounts
+/// are served on the sandbox's gateway) that may reach a loopback endpoint.
+#[test]
+fn storage_page_examples_run() {
+    use hearth_testkit::s3::{ACCESS_KEY_ID, REGION, S3Kind, S3Server, SECRET_ACCESS_KEY};
+    let s3 = S3Server::start(S3Kind::S3sFs, "docs-bucket");
+    let daemon = Daemon::start_with(|o| {
+        o.network(hearth_testkit::Network::OwnUplink {
+            prefix: "hdoc".into(),
+            range: "10.213.93.0/24".into(),
+        })
+        .args(["--allow-private-bucket-endpoints"])
+    });
+    let env = [
+        ("S3_ENDPOINT", s3.endpoint()),
+        ("S3_BUCKET", s3.bucket().to_owned()),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY.to_owned()),
+        ("AWS_REGION", REGION.to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v));
+    run_page_on("storage.md", &daemon, &env);
 }

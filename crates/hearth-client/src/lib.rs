@@ -5,6 +5,7 @@
 //! - [`command`]: running commands (buffered, background, streamed as [`CommandStream`]) and processes.
 //! - [`files`]: streamed upload/download and the other file routes.
 //! - [`pty`]: interactive terminals over WebSocket ([`pty::PtySession`]).
+//! - [`buckets`]: registered buckets and mounts ([`buckets::parse_mount`] reads `BUCKET[:PREFIX]:PATH[:ro]`).
 //! - [`network`]: egress policy, audit log, private networks, port tokens.
 //! - [`templates`]: template builds with their progress streamed ([`TemplateBuildStream`]).
 //! - [`watch`]: directory watches streamed as [`WatchStream`].
@@ -29,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod buckets;
 pub mod client;
 pub mod command;
 pub mod error;

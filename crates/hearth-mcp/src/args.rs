@@ -51,6 +51,55 @@ pub struct CreateSandboxArgs {
     /// 1-32 characters of a-z, 0-9 and '-', starting with a letter.
     #[serde(default)]
     pub name: Option<String>,
+    /// Buckets to mount as directories (registered by the operator; bucket_list names them). The bucket's
+    /// credentials stay on the host.
+    #[serde(default)]
+    pub mounts: Vec<MountArg>,
+}
+
+/// One bucket mount.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountArg {
+    /// Absolute directory in the sandbox, e.g. "/mnt/data" (not "/" nor a system directory).
+    pub path: String,
+    /// The registered bucket's name (see bucket_list).
+    pub bucket: String,
+    /// Only this sub-prefix of the bucket, e.g. "runs/42/".
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// Refuse every change (writes fail with EROFS). Default false.
+    #[serde(default)]
+    pub read_only: Option<bool>,
+}
+
+impl MountArg {
+    pub fn spec(self) -> hearth_api::MountSpec {
+        hearth_api::MountSpec {
+            path: self.path,
+            bucket: self.bucket,
+            prefix: self.prefix,
+            read_only: self.read_only,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountAddArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    #[serde(flatten)]
+    pub mount: MountArg,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountRemoveArgs {
+    /// The sandbox's id.
+    pub sandbox_id: String,
+    /// The mount's directory in the sandbox.
+    pub path: String,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

@@ -21,8 +21,9 @@ use serde_json::{Value, json};
 
 use crate::args::{
     CreateSandboxArgs, CreateTemplateArgs, Encoding, ExecArgs, ForkArgs, ListFilesArgs, ListSandboxesArgs,
-    MAX_LOG, MAX_READ, MembershipArgs, NetworkArgs, NetworkLogArgs, NetworkNameArgs, PortExposeArgs,
-    ReadFileArgs, SandboxArgs, SetPolicyArgs, SetTimeoutArgs, TemplateArgs, WriteFileArgs,
+    MAX_LOG, MAX_READ, MembershipArgs, MountAddArgs, MountArg, MountRemoveArgs, NetworkArgs, NetworkLogArgs,
+    NetworkNameArgs, PortExposeArgs, ReadFileArgs, SandboxArgs, SetPolicyArgs, SetTimeoutArgs, TemplateArgs,
+    WriteFileArgs,
 };
 use crate::format::{self, Capped};
 
@@ -159,7 +160,8 @@ impl HearthMcp {
         description = "Create a sandbox (a Linux microVM) and wait until it runs; returns it, with the `id` \
                           to pass as sandbox_id to the other tools. Booting takes a few seconds. Optionally \
                           restrict its egress (deny_all, allow, deny: see network_policy_set for the rule \
-                          syntax), attach it to private networks and name it."
+                          syntax), attach it to private networks, name it, and mount registered buckets as \
+                          directories (mounts; see bucket_list)."
     )]
     async fn create_sandbox(
         &self,
@@ -188,6 +190,7 @@ impl HearthMcp {
             network,
             networks: a.networks,
             name: a.name,
+            mounts: a.mounts.into_iter().map(MountArg::spec).collect(),
             ..Default::default()
         };
         let sbx = api!(client.create_sandbox(&req));
@@ -589,6 +592,49 @@ impl HearthMcp {
         }
         let log = api!(client.network_log(&a.sandbox_id));
         ok_json(format::egress_log(&log, limit))
+    }
+
+    #[tool(
+        annotations(read_only_hint = true),
+        description = "List the buckets (S3, MinIO, R2) the operator registered, which create_sandbox and \
+                       mount_add can mount as directories: name, url (s3://bucket/prefix), endpoint, region, \
+                       mounted_by (sandbox ids). Their credentials stay on the host and are never shown."
+    )]
+    async fn bucket_list(&self, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let list = api!(client.list_buckets());
+        ok_json(to_json(&list))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false),
+        description = "Mount a registered bucket (bucket_list) as a directory of a running sandbox. Files are \
+                       objects: reads fetch ranges, a file written is uploaded whole when it is closed, \
+                       renames copy; with read_only every write fails with EROFS. Returns the mount."
+    )]
+    async fn mount_add(
+        &self,
+        Parameters(a): Parameters<MountAddArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let m = api!(client.mount(&a.sandbox_id, &a.mount.spec()));
+        ok_json(to_json(&m))
+    }
+
+    #[tool(
+        annotations(destructive_hint = false, idempotent_hint = true),
+        description = "Unmount a bucket directory of a sandbox (written files reach the bucket first). The \
+                       bucket's objects stay."
+    )]
+    async fn mount_remove(
+        &self,
+        Parameters(a): Parameters<MountRemoveArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        api!(client.unmount(&a.sandbox_id, &a.path));
+        ok_json(json!({ "unmounted": a.path }))
     }
 
     #[tool(

@@ -52,6 +52,7 @@ async fn rmcp_client_over_stdio() {
     assert_eq!(
         names,
         [
+            "bucket_list",
             "create_sandbox",
             "create_template",
             "delete_template",
@@ -61,6 +62,8 @@ async fn rmcp_client_over_stdio() {
             "list_files",
             "list_sandboxes",
             "list_templates",
+            "mount_add",
+            "mount_remove",
             "network_attach",
             "network_create",
             "network_delete",
@@ -89,6 +92,7 @@ async fn rmcp_client_over_stdio() {
         let needs_id = !matches!(
             t.name.as_ref(),
             "create_sandbox"
+                | "bucket_list"
                 | "list_sandboxes"
                 | "list_templates"
                 | "delete_template"
@@ -107,6 +111,7 @@ async fn rmcp_client_over_stdio() {
         let expect_read_only = matches!(
             t.name.as_ref(),
             "list_sandboxes"
+                | "bucket_list"
                 | "list_templates"
                 | "sandbox_info"
                 | "read_file"
@@ -124,6 +129,12 @@ async fn rmcp_client_over_stdio() {
         .unwrap();
     assert_eq!(listed.is_error, Some(false));
     assert_eq!(structured(&listed)["sandboxes"], json!([]));
+    let buckets = client
+        .call_tool(CallToolRequestParams::new("bucket_list"))
+        .await
+        .unwrap();
+    assert_eq!(buckets.is_error, Some(false));
+    assert_eq!(structured(&buckets)["buckets"], json!([]));
 
     let templates = client
         .call_tool(CallToolRequestParams::new("list_templates"))
@@ -490,5 +501,116 @@ async fn rmcp_client_drives_the_network_tools() {
         ok(call("network_delete", json!({ "network": "blue" })).await)["deleted"],
         "blue"
     );
+    client.cancel().await.unwrap();
+}
+
+/// The mount tools against a networked daemon, a real S3 server on loopback (s3s-fs, which keeps objects as plain
+/// files) and a real guest: a bucket registered over HTTP (no tool registers one) is listed without its secret;
+/// a mount of an unknown bucket is a tool error and creates nothing; a file written through a mount made at
+/// create is an object in the bucket; mount_add read-only at run time reads it and refuses writes with EROFS;
+/// mount_remove unmounts.
+#[tokio::test]
+async fn rmcp_client_drives_the_mount_tools() {
+    use hearth_testkit::s3::{ACCESS_KEY_ID, REGION, S3Kind, S3Server, SECRET_ACCESS_KEY};
+    let uplink = support::TestNetns::new("hmcp-mnt");
+    let s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, "mcp-bucket"))
+        .await
+        .unwrap();
+    let daemon =
+        Daemon::start_networked_with(&uplink, "10.213.95.0/24", &["--allow-private-bucket-endpoints"]);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/buckets", daemon.url))
+        .bearer_auth(&daemon.key)
+        .json(&json!({
+            "name": "data", "url": s3.url("projects"), "endpoint": s3.endpoint(), "region": REGION,
+            "access_key_id": ACCESS_KEY_ID, "secret_access_key": SECRET_ACCESS_KEY,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap());
+    let client = connect(&daemon).await;
+    let call = |name: &'static str, a: Value| {
+        let client = &client;
+        async move {
+            client
+                .call_tool(CallToolRequestParams::new(name).with_arguments(args(a)))
+                .await
+                .unwrap()
+        }
+    };
+    let ok = |r: CallToolResult| {
+        assert_eq!(r.is_error, Some(false), "{r:?}");
+        structured(&r).clone()
+    };
+
+    let listed = ok(call("bucket_list", json!({})).await);
+    assert_eq!(listed["buckets"][0]["name"], "data", "{listed}");
+    assert_eq!(listed["buckets"][0]["url"], "s3://mcp-bucket/projects");
+    assert!(!listed.to_string().contains(SECRET_ACCESS_KEY), "{listed}");
+
+    let r = call(
+        "create_sandbox",
+        json!({ "template": "minimal", "mounts": [{ "path": "/mnt/a", "bucket": "nope" }] }),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    assert_eq!(structured(&r)["error"]["code"], "not_found", "{r:?}");
+    assert_eq!(
+        ok(call("list_sandboxes", json!({})).await)["sandboxes"],
+        json!([])
+    );
+
+    let sbx = ok(call(
+        "create_sandbox",
+        json!({
+            "template": "minimal", "timeout_s": 600,
+            "mounts": [{ "path": "/mnt/data", "bucket": "data", "prefix": "runs/1/" }],
+        }),
+    )
+    .await);
+    let id = sbx["id"].as_str().unwrap().to_owned();
+    let run = ok(call(
+        "exec",
+        json!({ "sandbox_id": id, "command": "echo from-mcp > /mnt/data/out.txt" }),
+    )
+    .await);
+    assert_eq!(run["exit_code"], 0, "{run}");
+    // close() returned once the object was uploaded: s3s-fs has it as a file already.
+    let object = s3.data_dir().unwrap().join("mcp-bucket/projects/runs/1/out.txt");
+    assert_eq!(std::fs::read_to_string(&object).unwrap(), "from-mcp\n");
+
+    let m = ok(call(
+        "mount_add",
+        json!({ "sandbox_id": id, "path": "/mnt/in", "bucket": "data", "prefix": "runs/", "read_only": true }),
+    )
+    .await);
+    assert_eq!(
+        (&m["path"], &m["read_only"]),
+        (&json!("/mnt/in"), &json!(true)),
+        "{m}"
+    );
+    let run = ok(call(
+        "exec",
+        json!({ "sandbox_id": id, "command": "cat /mnt/in/1/out.txt; echo no > /mnt/in/x.txt" }),
+    )
+    .await);
+    assert_eq!(run["stdout"], "from-mcp\n", "{run}");
+    assert_ne!(run["exit_code"], 0, "{run}");
+    assert!(
+        run["stderr"].as_str().unwrap().contains("Read-only file system"),
+        "{run}"
+    );
+    let listed = ok(call("bucket_list", json!({})).await);
+    assert_eq!(listed["buckets"][0]["mounted_by"], json!([id]), "{listed}");
+
+    ok(call("mount_remove", json!({ "sandbox_id": id, "path": "/mnt/in" })).await);
+    let run = ok(call(
+        "exec",
+        json!({ "sandbox_id": id, "command": "grep -c ' /mnt/in ' /proc/mounts || true" }),
+    )
+    .await);
+    assert_eq!(run["stdout"], "0\n", "{run}");
+    ok(call("kill_sandbox", json!({ "sandbox_id": id })).await);
     client.cancel().await.unwrap();
 }

@@ -66,6 +66,8 @@ pub const GUEST_MAC: &str = "02:68:72:74:68:02";
 pub const TAP_NAME: &str = "tap0";
 /// Port of the egress proxy on [`GATEWAY`].
 pub const PROXY_PORT: u16 = 15001;
+/// Port of the daemon's NFS server of a sandbox's mounted buckets on [`GATEWAY`] (NFS and MOUNT on one port).
+pub const MOUNT_PORT: u16 = 2049;
 
 /// Destinations denied whatever a policy says (besides the uplink's own addresses and other sandboxes, which
 /// the daemon knows at run time). Parse with `str::parse::<ipnet::IpNet>()`. They are checked before any policy

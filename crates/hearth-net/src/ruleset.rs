@@ -11,7 +11,8 @@
 //!   `up0` is SNATed to the sandbox address; with `proxy_tcp`, guest TCP to ports 80 and 443 (except to the
 //!   gateway and to peers) is DNATed to the egress proxy on [`GATEWAY`]:[`PROXY_PORT`].
 //!   IPv6 (with a range): the guest's traffic leaving by `up0` is SNATed to the sandbox's IPv6 address.
-//! - input: from the guest only DNS (UDP/TCP 53) and the proxy port on the gateway, and neighbour discovery
+//! - input: from the guest only DNS (UDP/TCP 53), the proxy port and the mount port ([`MOUNT_PORT`], the
+//!   NFS server of its mounted buckets) on the gateway, and neighbour discovery
 //!   (hop limit 255) on `tap0` and `up0`; nothing new from `up0`.
 //! - forward: established traffic passes; a new guest connection goes through [`EGRESS_CHAIN`] whose rules
 //!   decide in this order: DNS/DoT to anyone (`dns_blocked`), peers (`private_peer`), always-denied ranges
@@ -36,7 +37,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::plane::SandboxNet;
-use crate::{GATEWAY, GUEST_ADDR, GUEST_ADDR6, GUEST_MAC, GUEST_PREFIX, PROXY_PORT, TAP_NAME};
+use crate::{GATEWAY, GUEST_ADDR, GUEST_ADDR6, GUEST_MAC, GUEST_PREFIX, MOUNT_PORT, PROXY_PORT, TAP_NAME};
 
 /// NFLOG group of the sandbox table's log rules. NFLOG groups are per network namespace, so every sandbox
 /// uses the same group in its own namespace.
@@ -158,7 +159,7 @@ pub fn sandbox_table(sb: &SandboxNet, sandbox_net: Ipv4Net, sandbox_net6: Option
     let _ = writeln!(t, "\t\tiifname \"{tap}\" ip daddr {GATEWAY} udp dport 53 accept");
     let _ = writeln!(
         t,
-        "\t\tiifname \"{tap}\" ip daddr {GATEWAY} tcp dport {{ 53, {PROXY_PORT} }} accept"
+        "\t\tiifname \"{tap}\" ip daddr {GATEWAY} tcp dport {{ 53, {PROXY_PORT}, {MOUNT_PORT} }} accept"
     );
     let _ = writeln!(t, "\t}}");
 

@@ -37,7 +37,7 @@ pub mod client;
 
 pub use frame::{EncodeError, EncodedFrame, FrameDecoder, FrameError, RawFrame};
 pub use msg::{
-    Command, ErrorKind, ExecRequest, ExitStatus, FileInfo, FileKind, GuestMsg, Header, HostMsg,
+    Command, ErrorKind, ExecRequest, ExitStatus, FileInfo, FileKind, GuestMsg, Header, HostMsg, MountRequest,
     POST_RESTORE_ENTROPY_LEN, PostRestore, PostRestoreReport, ProcInfo, PtyRequest,
 };
 

@@ -297,6 +297,48 @@ pub struct PostRestoreReport {
     pub machine_id_written: bool,
 }
 
+/// An NFS mount the agent makes in the guest (`HostMsg::Mount`). The server is the host's mount service on
+/// the sandbox's gateway; the guest only ever learns its address, port and export name (no credentials).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountRequest {
+    /// Absolute, normalised path in the guest (created if missing).
+    pub path: String,
+    /// IPv4 address of the NFS server (the gateway).
+    pub server: std::net::Ipv4Addr,
+    /// TCP port of NFS and MOUNT (one port serves both).
+    pub port: u16,
+    /// Export path on the server (`/` + 16 hex digits).
+    pub export: String,
+    /// Mount read-only in the guest too (the server enforces it either way).
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+impl MountRequest {
+    /// Checks the request; the agent refuses one that fails this (`Error{invalid_request}`).
+    pub fn validate(&self) -> Result<(), String> {
+        if !valid_guest_path(&self.path) || self.path == "/" {
+            return Err("mount path must be absolute and normalised, not /".into());
+        }
+        let hex = self.export.strip_prefix('/').unwrap_or_default();
+        if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("export must be / and 16 hex digits".into());
+        }
+        if self.port == 0 {
+            return Err("port must not be 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// An absolute path without empty, `.` or `..` segments, NUL or a trailing `/`, at most 4096 bytes.
+pub fn valid_guest_path(p: &str) -> bool {
+    p.starts_with('/')
+        && p.len() <= 4096
+        && !p.contains('\0')
+        && (p == "/" || p[1..].split('/').all(|s| !s.is_empty() && s != "." && s != ".."))
+}
+
 /// Messages from the host to the guest agent.
 ///
 /// Requests open a stream (a fresh odd id chosen by the host); the guest ends every stream with exactly one
@@ -377,6 +419,12 @@ pub enum HostMsg {
     /// Watch a directory: `Watching`, then `WatchEvents` data frames until `Abandon` (or `Ok` once the
     /// directory itself is gone). See [`crate::watch`].
     WatchDir(WatchRequest),
+    /// Mount an NFS export of the host at a path (made if missing). Answered by `Ok`; agents that predate it
+    /// answer `Error{invalid_request}` ("unknown or malformed request").
+    Mount(MountRequest),
+    /// Unmount what is mounted at `path` (lazily if it is busy). Answered by `Ok`, or `Error{not_found}` when
+    /// nothing is mounted there.
+    Unmount { path: String },
 }
 
 impl HostMsg {

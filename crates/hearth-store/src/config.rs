@@ -183,7 +183,7 @@ impl StoreConfig {
     }
 
     /// Removes every configured secret (and the access key id) from a message meant for humans.
-    pub(crate) fn scrub(&self, message: &str) -> String {
+    pub fn scrub(&self, message: &str) -> String {
         let mut out = message.to_owned();
         let c = &self.credentials;
         let mut secrets = vec![c.secret_access_key.expose(), c.access_key_id.as_str()];

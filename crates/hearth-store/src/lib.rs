@@ -57,6 +57,7 @@ pub use gc::{GcOptions, GcReport};
 pub use manifest::{FileEntry, Manifest};
 pub use name::ObjectName;
 pub use probe::probe;
+pub use remote::{remote_error, s3_client};
 pub use upload::{FileSource, PutOptions, PutStats};
 
 /// Upload or download progress: bytes processed (uploaded, skipped as known or zero; downloaded or holes) out of

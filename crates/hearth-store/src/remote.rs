@@ -38,42 +38,64 @@ pub(crate) struct ListedChunk {
     pub last_modified: std::time::SystemTime,
 }
 
+/// An object_store S3 client for `config` (bucket, endpoint, region, credentials, addressing style, retries
+/// and timeouts). Shared with other crates that need the same client for plain objects (hearth-mount).
+pub fn s3_client(config: &StoreConfig) -> Result<AmazonS3, RemoteError> {
+    let c = config;
+    let mut builder = AmazonS3Builder::new()
+        .with_bucket_name(&c.bucket)
+        .with_region(&c.region)
+        .with_access_key_id(&c.credentials.access_key_id)
+        .with_secret_access_key(c.credentials.secret_access_key.expose())
+        .with_virtual_hosted_style_request(!c.path_style)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: std::time::Duration::from_millis(100),
+                max_backoff: std::time::Duration::from_secs(10),
+                base: 2.0,
+            },
+            max_retries: c.max_retries,
+            retry_timeout: c.retry_timeout,
+        })
+        .with_client_options(
+            ClientOptions::new()
+                .with_allow_http(c.allow_http)
+                .with_timeout(c.request_timeout)
+                .with_connect_timeout(std::time::Duration::from_secs(5)),
+        );
+    if let Some(token) = &c.credentials.session_token {
+        builder = builder.with_token(token.expose());
+    }
+    if let Some(endpoint) = &c.endpoint {
+        builder = builder.with_endpoint(bucket_endpoint(endpoint, &c.bucket, c.path_style));
+    }
+    builder.build().map_err(|e| RemoteError {
+        kind: RemoteErrorKind::Other,
+        op: "CONFIGURE",
+        key: c.url(),
+        message: c.scrub(&e.to_string()),
+    })
+}
+
+/// Classifies an object_store error of a request for `key` under `config` into a secret-free [`RemoteError`].
+pub fn remote_error(
+    config: &StoreConfig,
+    op: &'static str,
+    key: &str,
+    e: &object_store::Error,
+) -> RemoteError {
+    let (kind, message) = classify(e);
+    RemoteError {
+        kind,
+        op,
+        key: key.to_owned(),
+        message: config.scrub(&message),
+    }
+}
+
 impl Remote {
     pub(crate) fn new(config: Arc<StoreConfig>) -> Result<Remote, RemoteError> {
-        let c = &config;
-        let mut builder = AmazonS3Builder::new()
-            .with_bucket_name(&c.bucket)
-            .with_region(&c.region)
-            .with_access_key_id(&c.credentials.access_key_id)
-            .with_secret_access_key(c.credentials.secret_access_key.expose())
-            .with_virtual_hosted_style_request(!c.path_style)
-            .with_retry(RetryConfig {
-                backoff: BackoffConfig {
-                    init_backoff: std::time::Duration::from_millis(100),
-                    max_backoff: std::time::Duration::from_secs(10),
-                    base: 2.0,
-                },
-                max_retries: c.max_retries,
-                retry_timeout: c.retry_timeout,
-            })
-            .with_client_options(
-                ClientOptions::new()
-                    .with_allow_http(c.allow_http)
-                    .with_timeout(c.request_timeout)
-                    .with_connect_timeout(std::time::Duration::from_secs(5)),
-            );
-        if let Some(token) = &c.credentials.session_token {
-            builder = builder.with_token(token.expose());
-        }
-        if let Some(endpoint) = &c.endpoint {
-            builder = builder.with_endpoint(bucket_endpoint(endpoint, &c.bucket, c.path_style));
-        }
-        let store = builder.build().map_err(|e| RemoteError {
-            kind: RemoteErrorKind::Other,
-            op: "CONFIGURE",
-            key: c.url(),
-            message: c.scrub(&e.to_string()),
-        })?;
+        let store = s3_client(&config)?;
         Ok(Remote {
             store: Arc::new(store),
             config,
@@ -214,13 +236,7 @@ impl Remote {
     }
 
     fn error(&self, op: &'static str, key: &Path, e: &object_store::Error) -> RemoteError {
-        let (kind, message) = classify(e);
-        RemoteError {
-            kind,
-            op,
-            key: key.to_string(),
-            message: self.config.scrub(&message),
-        }
+        remote_error(&self.config, op, key.as_ref(), e)
     }
 }
 

@@ -74,6 +74,10 @@ pub struct Args {
     /// Default: the first nameserver of /etc/resolv.conf.
     #[arg(long, env = "HEARTH_DNS_UPSTREAM")]
     pub dns_upstream: Option<SocketAddr>,
+    /// Allow bucket endpoints on loopback, private and link-local addresses (a MinIO on this host, tests).
+    /// Off by default: the daemon reaches registered endpoints itself, so one must not lead into the host.
+    #[arg(long, env = "HEARTH_ALLOW_PRIVATE_BUCKET_ENDPOINTS")]
+    pub allow_private_bucket_endpoints: bool,
     /// Print the OpenAPI document to stdout and exit.
     #[arg(long)]
     pub print_openapi: bool,

@@ -210,6 +210,10 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     if let Some(net) = networking {
         svc.enable_networking(net);
     }
+    svc.enable_buckets(crate::service::buckets::BucketSettings {
+        allow_private_endpoints: args.allow_private_bucket_endpoints,
+    })
+    .context("bucket secret key")?;
     // Installed before recovery so that what recovery does is counted.
     let metrics = metrics::install();
     adopt::recover(&svc).await.context("recovering sandboxes")?;

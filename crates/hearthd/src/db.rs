@@ -4,6 +4,7 @@
 //! so that a restart can finish or roll back whatever was in flight. Migrations are numbered by SQLite's
 //! `user_version`. Usage intervals live in [`usage`].
 
+pub mod mounts;
 pub mod network;
 pub mod snapshots;
 pub mod usage;
@@ -94,6 +95,41 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (network_id, sandbox_id)
     );
     CREATE INDEX members_by_sandbox ON network_members (sandbox_id);",
+    // 6: buckets (named credentials, secret sealed under the daemon's key) and the mounts of them.
+    "CREATE TABLE buckets (
+        name        TEXT PRIMARY KEY NOT NULL,
+        bucket      TEXT NOT NULL,
+        prefix      TEXT NOT NULL,     -- '' for the whole bucket
+        endpoint    TEXT,
+        region      TEXT NOT NULL,
+        path_style  INTEGER NOT NULL,
+        key_hint    TEXT NOT NULL,     -- last four characters of the access key id
+        sealed      BLOB NOT NULL,     -- nonce | XChaCha20-Poly1305(credentials JSON), AAD = name
+        created_at  INTEGER NOT NULL
+    );
+    CREATE TABLE mounts (
+        sandbox_id  TEXT NOT NULL,
+        path        TEXT NOT NULL,
+        bucket      TEXT NOT NULL,
+        prefix      TEXT NOT NULL,     -- under the bucket's prefix
+        read_only   INTEGER NOT NULL,
+        export_key  INTEGER NOT NULL,  -- names the export and keys its file ids; forks keep it
+        PRIMARY KEY (sandbox_id, path)
+    );
+    CREATE TABLE snapshot_mounts (
+        snapshot_id TEXT NOT NULL,
+        path        TEXT NOT NULL,
+        bucket      TEXT NOT NULL,
+        prefix      TEXT NOT NULL,
+        read_only   INTEGER NOT NULL,
+        export_key  INTEGER NOT NULL,
+        PRIMARY KEY (snapshot_id, path)
+    );
+    CREATE TABLE mount_usage (
+        sandbox_id    TEXT PRIMARY KEY NOT NULL,
+        bytes_read    INTEGER NOT NULL,
+        bytes_written INTEGER NOT NULL
+    );",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -326,6 +362,7 @@ impl Db {
         // The sandbox's network identity and memberships go with it.
         tx.execute("DELETE FROM sandbox_net WHERE sandbox_id = ?1", params![id])?;
         tx.execute("DELETE FROM network_members WHERE sandbox_id = ?1", params![id])?;
+        tx.execute("DELETE FROM mounts WHERE sandbox_id = ?1", params![id])?;
         let n = tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
         tx.commit()?;
         Ok(n == 1)

@@ -6,7 +6,7 @@ use utoipa::Modify;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::http::{commands, files, network, ports, pty, sandboxes, system, templates, watch};
+use crate::http::{buckets, commands, files, network, ports, pty, sandboxes, system, templates, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -23,6 +23,8 @@ use crate::http::{commands, files, network, ports, pty, sandboxes, system, templ
         network::get, network::set_policy, network::log, network::create, network::list, network::info,
         network::delete, network::attach, network::detach, ports::token, ports::forward,
         system::healthz, system::system, system::metrics, system::openapi,
+        buckets::create, buckets::list, buckets::get, buckets::delete, buckets::mounts, buckets::attach,
+        buckets::detach,
     ),
     components(schemas(hearth_api::ErrorCode, hearth_api::ErrorDetail, hearth_api::SandboxState,
         hearth_api::FileKind, hearth_api::Check, hearth_api::Capacity, hearth_api::ProcessInfo)),
@@ -35,6 +37,7 @@ use crate::http::{commands, files, network, ports, pty, sandboxes, system, templ
         (name = "templates", description = "Built-in templates and templates saved from sandboxes"),
         (name = "usage", description = "Metering: running, vCPU, memory and paused seconds per sandbox"),
         (name = "networks", description = "Egress policy, audit log, private networks and exposed ports"),
+        (name = "buckets", description = "Buckets as named credentials, mounted in sandboxes as file systems"),
         (name = "system", description = "Health, metrics and host report"),
     )
 )]

@@ -101,6 +101,7 @@ export function errorFromCode(code: string, message: string, status?: number): H
     case "invalid_argument":
     case "invalid_json":
     case "payload_too_large":
+    case "network_required":
       return new InvalidArgumentError(code, message, status);
     case "conflict":
       return new ConflictError(code, message, status);
@@ -126,6 +127,11 @@ const DAEMON_CODES: Record<components["schemas"]["ErrorCode"], true> = {
   unknown_route: true,
   method_not_allowed: true,
   snapshot_corrupt: true,
+  bucket_not_found: true,
+  bucket_access_denied: true,
+  bucket_unreachable: true,
+  network_required: true,
+  agent_too_old: true,
   internal: true,
   unknown: true,
 };

@@ -1,7 +1,8 @@
 // hearth's TypeScript SDK: `Sandbox` (create/connect/list/kill), `sbx.commands`, `sbx.files`, typed errors.
 //
 // Layout: client.ts (connection settings, openapi-fetch transport, error mapping), sandbox.ts, commands.ts,
-// files.ts, watch.ts (files.watchDir), templates.ts, network.ts (sbx.network, Network), sse.ts (event-stream
+// files.ts, watch.ts (files.watchDir), templates.ts, network.ts (sbx.network, Network), buckets.ts (Bucket,
+// sbx.mounts), sse.ts (event-stream
 // reader), errors.ts; generated/openapi.ts is generated from docs/openapi.json.
 
 export { Sandbox } from "./sandbox.js";
@@ -38,6 +39,8 @@ export type {
   NetworkOpts,
   SandboxNetworkInfo,
 } from "./network.js";
+export { Bucket, SandboxMounts } from "./buckets.js";
+export type { BucketInfo, BucketSpec, MountInfo, MountOpts } from "./buckets.js";
 export { DEFAULT_URL } from "./client.js";
 export type { ConnectionOpts, RequestOpts } from "./client.js";
 export {

@@ -4,6 +4,7 @@ import { Commands } from "./commands.js";
 import { Connection, type ConnectionOpts, type RequestOpts, msToSeconds } from "./client.js";
 import { HearthError } from "./errors.js";
 import { Files } from "./files.js";
+import { type MountOpts, SandboxMounts, mountBody } from "./buckets.js";
 import { type NetworkOpts, SandboxNetwork, policyBody } from "./network.js";
 import { Pty } from "./pty.js";
 import type { components } from "./generated/openapi.js";
@@ -90,6 +91,10 @@ export interface SandboxUsage {
   pausedSeconds: number;
   /** Bytes on disk of its paused state. */
   snapshotBytes: number;
+  /** Bytes read from mounted buckets since it was created. */
+  bytesRead: number;
+  /** Bytes written to mounted buckets since it was created. */
+  bytesWritten: number;
 }
 
 /** Options of `Sandbox.create`. */
@@ -119,6 +124,8 @@ export interface SandboxOpts extends ConnectionOpts, RequestOpts {
   networks?: string[] | undefined;
   /** A name unique among live sandboxes: network peers reach it as `<name>.<network>.internal`. */
   name?: string | undefined;
+  /** Registered buckets to mount (`Bucket.create`); needs the daemon's networking. */
+  mounts?: MountOpts[] | undefined;
 }
 
 /** Options of `Sandbox.connect`. */
@@ -164,6 +171,8 @@ export class Sandbox {
   readonly files: Files;
   /** Egress policy, egress log and exposed ports. */
   readonly network: SandboxNetwork;
+  /** The buckets mounted in this sandbox. */
+  readonly mounts: SandboxMounts;
   /** Interactive terminals. */
   readonly pty: Pty;
   private readonly conn: Connection;
@@ -174,6 +183,7 @@ export class Sandbox {
     this.commands = new Commands(conn, id);
     this.files = new Files(conn, id);
     this.network = new SandboxNetwork(conn, id);
+    this.mounts = new SandboxMounts(conn, id);
     this.pty = new Pty(conn, id);
   }
 
@@ -207,6 +217,7 @@ export class Sandbox {
       network: opts.network ? policyBody(opts.network.egress) : null,
       networks: opts.networks ?? [],
       name: opts.name ?? null,
+      mounts: (opts.mounts ?? []).map(mountBody),
     };
     const { data } = await conn.call(opts, (signal) => conn.api.POST("/v1/sandboxes", { body, signal }));
     return new Sandbox(conn, data.id);
@@ -344,6 +355,8 @@ export class Sandbox {
       mibSeconds: data.mib_seconds,
       pausedSeconds: data.paused_seconds,
       snapshotBytes: data.snapshot_bytes,
+      bytesRead: data.bytes_read ?? 0,
+      bytesWritten: data.bytes_written ?? 0,
     };
   }
 

@@ -69,6 +69,8 @@ export interface DaemonOpts {
    * removed by `stop()`): it has no route anywhere, so nothing a guest sends leaves it. Needs root and `nft`.
    */
   sandboxNet?: string | undefined;
+  /** Extra hearthd flags. */
+  args?: string[] | undefined;
 }
 
 function ip(...args: string[]): void {
@@ -105,6 +107,7 @@ export async function startDaemon(opts: DaemonOpts = {}): Promise<Daemon> {
     args.push("--network", "on", "--uplink-netns", `/run/netns/${netns}`, "--sandbox-net", opts.sandboxNet);
     args.push("--dns-upstream", "192.0.2.53:53");
   }
+  args.push(...(opts.args ?? []));
   const child = spawn(bin, args, { stdio: ["ignore", logFd, logFd], env });
   const log = () => (existsSync(logPath) ? readFileSync(logPath, "utf8") : "");
   let addr: string;

@@ -1,5 +1,6 @@
 //! One module per group of commands. Each function returns the process exit status.
 
+pub mod buckets;
 pub mod exec;
 pub mod files;
 pub mod mcp;

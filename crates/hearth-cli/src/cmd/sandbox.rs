@@ -31,6 +31,7 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
         network: a.egress.policy(),
         networks: a.networks,
         name: a.name,
+        mounts: a.mounts,
     };
     let what = match &req.template {
         Some(t) => format!("creating a sandbox from {}", output::clean(t)),

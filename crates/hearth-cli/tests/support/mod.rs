@@ -41,6 +41,11 @@ impl Daemon {
         Daemon(Hearthd::start(options()))
     }
 
+    /// A daemon whose options `f` adjusts.
+    pub fn start_with(f: impl FnOnce(Options) -> Options) -> Daemon {
+        Daemon(Hearthd::start(f(options())))
+    }
+
     /// Sandbox networking on: egress leaves through `uplink` (a namespace the test made, no route anywhere) and
     /// sandbox addresses come from `range`, which must differ from every other test's range.
     pub fn start_networked(uplink: &TestNetns, range: &str) -> Daemon {

@@ -54,6 +54,11 @@ impl Daemon {
         Daemon(Hearthd::start(options().uplink(uplink, range)))
     }
 
+    /// [`Daemon::start_networked`] with more daemon flags.
+    pub fn start_networked_with(uplink: &TestNetns, range: &str, args: &[&str]) -> Daemon {
+        Daemon(Hearthd::start(options().uplink(uplink, range).args(args)))
+    }
+
     pub fn mcp_url(&self) -> String {
         format!("{}/mcp", self.url)
     }

@@ -500,6 +500,20 @@ impl AgentClient {
         }
     }
 
+    /// Mount the host's NFS export at `req.path` in the guest. An agent that predates mounts answers
+    /// `ClientError::Guest { kind: ErrorKind::InvalidRequest, .. }`.
+    pub async fn mount(&self, req: crate::MountRequest) -> Result<(), ClientError> {
+        self.call_ok(&HostMsg::Mount(req)).await
+    }
+
+    /// Unmount whatever is mounted at `path` in the guest (lazily when busy).
+    pub async fn unmount(&self, path: &str) -> Result<(), ClientError> {
+        self.call_ok(&HostMsg::Unmount {
+            path: path.to_owned(),
+        })
+        .await
+    }
+
     /// Metadata of `path` (a final symlink is not followed).
     pub async fn stat(&self, path: &str) -> Result<FileInfo, ClientError> {
         match self

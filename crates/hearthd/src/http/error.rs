@@ -100,6 +100,31 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// [`ApiJson`] for bodies that carry a secret: a decoding error never quotes a value (serde quotes the value of
+/// a wrong type or variant), only where and what kind of problem it is.
+pub struct SecretJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for SecretJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match ApiJson::<serde_json::Value>::from_request(req, state).await {
+            Ok(ApiJson(v)) => serde_json::from_value(v).map(SecretJson).map_err(|e| {
+                let text = e.to_string();
+                if text.contains("invalid type") || text.contains("invalid value") {
+                    invalid_json("invalid request body: a field has the wrong type or value (see the schema)")
+                } else {
+                    invalid_json(format!("invalid request body: {text}"))
+                }
+            }),
+            Err(e) if e.code == ErrorCode::InvalidJson => {
+                Err(invalid_json("invalid request body: not a JSON object"))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Like [`ApiJson`], but an empty body (with or without a content type) means `T::default()`.
 pub struct OptionalJson<T>(pub T);
 

@@ -8,6 +8,7 @@
 //! forever); creating waits for the VM; streaming routes (commands, file content, wait) are bounded by their own
 //! deadlines and by the client reading.
 
+pub mod buckets;
 pub mod commands;
 pub mod error;
 pub mod files;
@@ -125,6 +126,20 @@ pub fn app(state: AppState) -> Router {
         // Lasts as long as the client listens.
         .route("/sandboxes/{id}/files/watch", get(watch::watch))
         .route("/system", get(system::system.layer(quick())))
+        .route(
+            "/buckets",
+            post(buckets::create.layer(quick())).get(buckets::list.layer(quick())),
+        )
+        .route(
+            "/buckets/{name}",
+            get(buckets::get.layer(quick())).delete(buckets::delete.layer(quick())),
+        )
+        .route(
+            "/sandboxes/{id}/mounts",
+            get(buckets::mounts.layer(quick()))
+                .put(buckets::attach.layer(long))
+                .delete(buckets::detach.layer(long)),
+        )
         .route(
             "/sandboxes/{id}/network",
             get(network::get.layer(quick())).patch(network::set_policy.layer(quick())),

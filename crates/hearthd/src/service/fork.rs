@@ -110,6 +110,8 @@ impl Sandboxes {
             let _ = std::fs::remove_dir_all(parent.join(&snap_id));
             return Err(e.into());
         }
+        // Its restores (forks) mount the same buckets again, with the same export keys.
+        self.db.snapshot_mounts(id, &snap_id)?;
         super::integrity::hash_in_background(parent.join(&snap_id), manifest.fingerprinted());
         tracing::info!(sandbox = %id, snapshot = %snap_id, bytes = snap.size_bytes, "checkpoint taken");
         Ok(to_api(&snap))

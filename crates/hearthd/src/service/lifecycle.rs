@@ -243,7 +243,8 @@ impl Sandboxes {
         if self.settings.paths.template_base(&template).is_none() {
             return Err(ServiceError::NotFound(format!("template {template} not found")));
         }
-        let net = self.plan_network(req.network.as_ref(), &req.networks, req.name.as_deref())?;
+        let mut net = self.plan_network(req.network.as_ref(), &req.networks, req.name.as_deref())?;
+        net.mounts = self.plan_mounts(&req.mounts, req.snapshot.as_deref())?;
         Ok(CreatePlan {
             template: label.unwrap_or(template),
             vcpus,
@@ -475,6 +476,12 @@ impl Sandboxes {
             .await
             .map_err(|_| "guest agent did not answer a ping".to_string())?
             .map_err(|e| format!("guest agent ping: {e}"))?;
+        if restore.is_none() {
+            // A restored guest has its mounts already (they are in its memory).
+            self.mount_in_guest(&row.id, &client)
+                .await
+                .map_err(|e| format!("mounting buckets: {e}"))?;
+        }
         if restore.is_some() {
             // Every restore of a shared snapshot gets its own identity and fresh entropy before user code.
             let machine_id = {

@@ -6,6 +6,8 @@
 //! - [`exec`]: commands (buffered, streamed, background) and the process table.
 //! - [`files`]: file content and metadata in the guest.
 //! - [`fork`]: snapshot objects (checkpoints), creating from them, forks.
+//! - [`buckets`]: buckets as named credentials (sealed secrets, probe) and their S3 clients.
+//! - [`mounts`]: buckets mounted in sandboxes (one NFS server per sandbox on its gateway, lifecycle hooks).
 //! - [`network`]: sandbox networks (namespaces, egress policy, resolver, proxy), private networks, audit log.
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
@@ -15,11 +17,13 @@
 
 pub mod admission;
 pub mod agent;
+pub mod buckets;
 pub mod exec;
 pub mod files;
 pub mod fork;
 pub mod integrity;
 pub mod lifecycle;
+pub mod mounts;
 pub mod network;
 pub mod pause;
 pub mod pty;
@@ -68,6 +72,9 @@ pub enum ServiceError {
     /// A snapshot's files do not match its manifest.
     #[error("{0}")]
     SnapshotCorrupt(String),
+    /// An error with its own stable code (buckets, mounts).
+    #[error("{1}")]
+    Typed(ErrorCode, String),
     #[error("{0}")]
     Internal(String),
 }
@@ -84,6 +91,7 @@ impl ServiceError {
             ServiceError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             ServiceError::Guest(_) => ErrorCode::GuestError,
             ServiceError::SnapshotCorrupt(_) => ErrorCode::SnapshotCorrupt,
+            ServiceError::Typed(code, _) => *code,
             ServiceError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -174,6 +182,10 @@ pub struct Sandboxes {
     /// The host's capacity and what admitted creates and resumes reserved ([`admission`]).
     pub(crate) host: admission::Host,
     pub(crate) admission: Mutex<admission::Pending>,
+    /// Bucket secrets' key and clients ([`Sandboxes::enable_buckets`], or made on first use).
+    pub(crate) buckets: std::sync::OnceLock<buckets::BucketKeys>,
+    /// The mount servers of sandboxes with mounted buckets.
+    pub(crate) mounts: mounts::MountRuntime,
     /// This service itself, for operations that run in their own task.
     me: Weak<Sandboxes>,
 }
@@ -190,6 +202,8 @@ impl Sandboxes {
             net: std::sync::OnceLock::new(),
             host: admission::Host::probe(),
             admission: Mutex::new(admission::Pending::default()),
+            buckets: std::sync::OnceLock::new(),
+            mounts: mounts::MountRuntime::default(),
             me: me.clone(),
         })
     }

@@ -94,7 +94,7 @@ impl Networking {
             .uplink_addresses()
             .map_err(|e| format!("uplink addresses: {e}"))?;
         let upstream = Upstream::new(settings.dns_upstream, settings.uplink_netns.clone());
-        let port_key = load_port_key(&settings.port_key_file)
+        let port_key = load_key_file(&settings.port_key_file)
             .map_err(|e| format!("port token key {}: {e}", settings.port_key_file.display()))?;
         Ok(Networking {
             port_key,
@@ -227,8 +227,9 @@ impl Networking {
     }
 }
 
-/// Reads the port-token key, creating it (mode 0600) on first use.
-fn load_port_key(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
+/// Reads a 32-byte key file (the port-token key, the bucket-secret key), creating it (mode 0600, random) on
+/// first use.
+pub(crate) fn load_key_file(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Ok(bytes) = std::fs::read(path)
@@ -305,6 +306,8 @@ pub(crate) struct NetPlan {
     pub policy: EgressPolicy,
     pub network_ids: Vec<String>,
     pub name: Option<String>,
+    /// Buckets to mount, served on the sandbox's gateway ([`Sandboxes::plan_mounts`]).
+    pub mounts: Vec<crate::db::mounts::MountRow>,
 }
 
 impl Sandboxes {
@@ -364,6 +367,7 @@ impl Sandboxes {
             policy,
             network_ids,
             name: name.map(str::to_string),
+            mounts: Vec::new(),
         })
     }
 
@@ -403,13 +407,18 @@ impl Sandboxes {
         if !plan.network_ids.is_empty() {
             self.refresh_peers().await.map_err(|e| e.to_string())?;
         }
+        // Its buckets are served on its gateway (crate hearth-mount; see service::mounts).
+        self.attach_mounts(id, &plan.mounts)
+            .await
+            .map_err(|e| format!("mounts: {e}"))?;
         Ok(Some(
             NetAttach::for_sandbox(id).with_ipv6(net.settings.sandbox_net6.is_some()),
         ))
     }
 
-    /// Removes a sandbox's network (its rows go with the sandbox row). Never fails.
+    /// Removes a sandbox's network (its rows go with the sandbox row) and its mount server. Never fails.
     pub(crate) async fn detach_network(&self, id: &str) {
+        self.stop_mounts(id).await;
         if let Some(net) = self.networking() {
             net.tear_down(id).await;
         }
@@ -441,6 +450,7 @@ impl Sandboxes {
                 self.refresh_peers().await.map_err(|e| e.to_string())?;
             }
         }
+        self.ensure_mounts(id).await.map_err(|e| format!("mounts: {e}"))?;
         Ok(Some(
             NetAttach::for_sandbox(id).with_ipv6(net.settings.sandbox_net6.is_some()),
         ))
@@ -480,6 +490,7 @@ impl Sandboxes {
         if let Err(e) = self.refresh_peers().await {
             tracing::warn!(error = %e, "restoring private-network peers failed");
         }
+        self.restore_mounts().await;
     }
 
     /// Addresses of the sandboxes sharing at least one private network with `id`.

@@ -313,6 +313,9 @@ impl Sandboxes {
         include_memory: bool,
     ) -> Result<Template, ServiceError> {
         self.row(&from)?;
+        if include_memory {
+            self.refuse_memory_with_mounts(&from)?;
+        }
         let snap = self.checkpoint(&from).await?;
         let result = self.flatten(&name, &snap.id).await;
         let keep_snapshot = include_memory && result.is_ok();

@@ -86,6 +86,7 @@ impl Sandboxes {
                 ..Default::default()
             });
         u.snapshot_bytes = self.snapshot_bytes(id);
+        (u.bytes_read, u.bytes_written) = self.mount_bytes(id);
         Ok(u)
     }
 
@@ -105,6 +106,7 @@ impl Sandboxes {
             .into_values()
             .map(|mut u| {
                 u.snapshot_bytes = self.snapshot_bytes(&u.sandbox_id);
+                (u.bytes_read, u.bytes_written) = self.mount_bytes(&u.sandbox_id);
                 u
             })
             .collect();

@@ -69,6 +69,14 @@ impl Daemon {
         }
     }
 
+    /// A daemon started with `opts` as given (the caller picks networking and flags).
+    pub async fn start_opts(opts: Options) -> Daemon {
+        Daemon {
+            hearthd: Hearthd::start_async(opts).await,
+            http: reqwest::Client::new(),
+        }
+    }
+
     /// `kill -9` the daemon (VMs keep running) and start it again on the same data directory.
     pub async fn kill9_and_restart(&mut self) {
         self.hearthd.kill9_and_restart_async().await;

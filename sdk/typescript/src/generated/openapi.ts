@@ -53,6 +53,45 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/buckets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Registered buckets (never their secrets). */
+        get: operations["buckets_list"];
+        put?: never;
+        /**
+         * Register a bucket (S3, MinIO, R2) under a name. It is probed (one listing of its prefix) before it is
+         *     accepted; the secret is stored encrypted on the host and never returned.
+         */
+        post: operations["buckets_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/buckets/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One registered bucket and the sandboxes that mount it. */
+        get: operations["buckets_get"];
+        put?: never;
+        post?: never;
+        /** Forget a bucket; refused while a sandbox mounts it (or a snapshot would mount it again). */
+        delete: operations["buckets_delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/networks": {
         parameters: {
             query?: never;
@@ -101,10 +140,10 @@ export interface paths {
          * Attach a sandbox to a private network: members reach each other by address and by
          *     `<sandbox-id>.<network>.internal` (and `<name>.<network>.internal`) at once.
          */
-        put: operations["attach"];
+        put: operations["networks_attach"];
         post?: never;
         /** Detach a sandbox from a private network; the link to its peers is cut at once. */
-        delete: operations["detach"];
+        delete: operations["networks_detach"];
         options?: never;
         head?: never;
         patch?: never;
@@ -296,6 +335,25 @@ export interface paths {
          */
         post: operations["fork"];
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sandboxes/{id}/mounts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The buckets mounted in a sandbox, with the bytes moved through each. */
+        get: operations["mounts"];
+        /** Mount a registered bucket at `path` in a running sandbox (a paused one is resumed first). */
+        put: operations["buckets_attach"];
+        post?: never;
+        /** Unmount `path` in a sandbox (written data reaches the bucket first). */
+        delete: operations["buckets_detach"];
         options?: never;
         head?: never;
         patch?: never;
@@ -662,10 +720,35 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description Body of `PUT /v1/sandboxes/{id}/mounts?path=...`: mounts a bucket in a running sandbox. */
+        AttachMountRequest: {
+            bucket: string;
+            prefix?: string | null;
+            read_only?: boolean | null;
+        };
         /** @description Body of a `background: true` command start (status 202). */
         BackgroundStarted: {
             /** Format: int32 */
             pid: number;
+        };
+        /** @description A registered bucket (`GET /v1/buckets/{name}`); never its secret. */
+        Bucket: {
+            /** @description The last four characters of the access key id (enough to tell keys apart, not to use one). */
+            access_key_hint: string;
+            /** @description RFC 3339 registration time. */
+            created_at: string;
+            endpoint?: string | null;
+            /** @description Sandboxes that mount it now (deleting the bucket is refused while any does). */
+            mounted_by?: string[];
+            name: string;
+            path_style: boolean;
+            region: string;
+            /** @description `s3://BUCKET[/PREFIX]` as registered. */
+            url: string;
+        };
+        /** @description Body of `GET /v1/buckets`. */
+        BucketList: {
+            buckets: components["schemas"]["Bucket"][];
         };
         /**
          * @description A stage of a template build outside the recipe's steps.
@@ -741,6 +824,25 @@ export interface components {
             /** @description True when stdout or stderr were longer than the buffered limit and cut; stream the command to get all. */
             truncated?: boolean;
         };
+        /**
+         * @description Body of `POST /v1/buckets`: registers an S3-compatible bucket (Amazon S3, MinIO, Cloudflare R2) under a
+         *     name. The daemon probes it (list, write, read, delete one small object) before it accepts it. The secret
+         *     is stored encrypted on the host and returned by no API answer.
+         */
+        CreateBucketRequest: {
+            access_key_id: string;
+            /** @description Endpoint of a non-AWS service, e.g. `https://ACCOUNT.r2.cloudflarestorage.com` or a MinIO URL. */
+            endpoint?: string | null;
+            /** @description 1-63 characters of `[a-z0-9-]`, starting with a letter or digit. */
+            name: string;
+            /** @description Path-style addressing (`ENDPOINT/BUCKET/KEY`). Default: true with a custom endpoint, false on AWS. */
+            path_style?: boolean | null;
+            /** @description Region (default `us-east-1`; R2 uses `auto`). */
+            region?: string | null;
+            secret_access_key: string;
+            /** @description `s3://BUCKET` or `s3://BUCKET/PREFIX`: mounts see only what is under the prefix. */
+            url: string;
+        };
         /** @description Body of `POST /v1/networks`. */
         CreateNetworkRequest: {
             /** @description 1-32 characters: lowercase letters, digits and `-`, starting with a letter (it becomes a DNS label). */
@@ -766,6 +868,11 @@ export interface components {
             metadata?: {
                 [key: string]: string;
             };
+            /**
+             * @description Buckets to mount (registered with `POST /v1/buckets`); needs the daemon's networking. Not allowed with
+             *     `snapshot`: a sandbox restored from a snapshot gets the snapshot's mounts.
+             */
+            mounts?: components["schemas"]["MountSpec"][];
             /**
              * @description Optional name, unique among live sandboxes: peers on a private network reach the sandbox as
              *     `<name>.<network>.internal` (as well as `<id>.<network>.internal`).
@@ -863,7 +970,7 @@ export interface components {
          * @description Stable machine-readable error codes. Clients match on these, never on messages.
          * @enum {string}
          */
-        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "internal" | "unknown";
+        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "internal" | "unknown";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -925,6 +1032,39 @@ export interface components {
             /** @description Create missing parents too (like `mkdir -p`). Default true. */
             parents?: boolean;
             path: string;
+        };
+        /** @description A bucket mounted in a sandbox. */
+        Mount: {
+            bucket: string;
+            /**
+             * Format: int64
+             * @description Bytes read from the bucket through this mount since it was made.
+             */
+            bytes_read: number;
+            /**
+             * Format: int64
+             * @description Bytes written to it through this mount since it was made.
+             */
+            bytes_written: number;
+            path: string;
+            /** @description The sub-prefix under the bucket's prefix (`""` for all of it). */
+            prefix: string;
+            read_only: boolean;
+        };
+        /** @description Body of `GET /v1/sandboxes/{id}/mounts`. */
+        MountList: {
+            mounts: components["schemas"]["Mount"][];
+        };
+        /** @description A mount asked for at create time (`mounts` of `POST /v1/sandboxes`). */
+        MountSpec: {
+            /** @description A registered bucket's name. */
+            bucket: string;
+            /** @description Absolute path in the guest, e.g. `/mnt/data` (not `/` nor a system directory such as `/proc`). */
+            path: string;
+            /** @description A sub-prefix under the bucket's own prefix, e.g. `runs/42/` (the mount sees only what is under it). */
+            prefix?: string | null;
+            /** @description Refuse every change (enforced on the host: writes fail with EROFS). Default false. */
+            read_only?: boolean | null;
         };
         /**
          * @description Transport protocol of an egress attempt.
@@ -1092,6 +1232,16 @@ export interface components {
         SandboxState: "creating" | "running" | "stopping" | "failed" | "pausing" | "paused" | "resuming";
         /** @description Usage of one sandbox over a time window (`GET /v1/sandboxes/{id}/usage`, `GET /v1/usage`). */
         SandboxUsage: {
+            /**
+             * Format: int64
+             * @description Bytes read from mounted buckets since the sandbox was created (not clipped to the window).
+             */
+            bytes_read?: number;
+            /**
+             * Format: int64
+             * @description Bytes written to mounted buckets since the sandbox was created (not clipped to the window).
+             */
+            bytes_written?: number;
             /**
              * Format: double
              * @description Running seconds times guest memory in MiB.
@@ -1354,6 +1504,142 @@ export interface operations {
             };
         };
     };
+    buckets_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BucketList"];
+                };
+            };
+        };
+    };
+    buckets_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateBucketRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Bucket"];
+                };
+            };
+            /** @description Invalid name, url, endpoint, region or key format */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The name is taken */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The probe failed: `bucket_not_found`, `bucket_access_denied` or `bucket_unreachable` */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    buckets_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Bucket name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Bucket"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    buckets_delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Bucket name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Still mounted */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     networks_list: {
         parameters: {
             query?: never;
@@ -1481,7 +1767,7 @@ export interface operations {
             };
         };
     };
-    attach: {
+    networks_attach: {
         parameters: {
             query?: never;
             header?: never;
@@ -1513,7 +1799,7 @@ export interface operations {
             };
         };
     };
-    detach: {
+    networks_detach: {
         parameters: {
             query?: never;
             header?: never;
@@ -2182,6 +2468,131 @@ export interface operations {
             };
             /** @description Not enough memory left on the host */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    mounts: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MountList"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    buckets_attach: {
+        parameters: {
+            query: {
+                /** @description The mount's absolute path in the guest. */
+                path: string;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AttachMountRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Mount"];
+                };
+            };
+            /** @description Bad path or prefix; `network_required` when networking is off */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such sandbox or bucket */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Path taken, not running, or `agent_too_old` */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    buckets_detach: {
+        parameters: {
+            query: {
+                /** @description The mount's absolute path in the guest. */
+                path: string;
+            };
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
