@@ -8,12 +8,16 @@
 //! - the daemon: [`Options`] (how to start it, a builder), [`Hearthd`] (the running daemon, its address, key and
 //!   log, restarts, cleanup on drop), [`pids_mentioning`] (what it left running).
 //! - [`TestNetns`]: `ip netns add`, removed on drop.
+//! - [`kvm_host`]: a VM with a working `/dev/kvm` (nested SVM under QEMU TCG) running hearthd, Firecracker and
+//!   QEMU+KVM, for tests of what only KVM shows.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+pub mod kvm_host;
 
 /// Where `images/build.sh` puts the guest images (overridable like the daemon's own flag).
 pub fn images_dir() -> PathBuf {
