@@ -28,6 +28,12 @@ pub struct SnapshotFiles {
     pub memory: PathBuf,
 }
 
+/// Mode of the snapshot files taken out of a jail: root's and read-only for everyone. Nobody but root can
+/// change them (a snapshot is immutable once written, and the daemon keeps it in its private data
+/// directory); being readable lets a restore hard-link them into the new VM's jail instead of copying the
+/// guest's whole memory (see `jailer::link_readable`).
+pub const SNAPSHOT_FILE_MODE: u32 = 0o444;
+
 /// Where a jailed Firecracker reads and writes snapshot files, inside its chroot.
 const JAILED_STATE: &str = "/snapshot.state";
 const JAILED_MEMORY: &str = "/snapshot.mem";
@@ -143,7 +149,7 @@ impl FirecrackerVmm {
 ///
 /// The jailed process owns the chroot, so the file is opened without following symlinks and must be a
 /// regular file with a single link; then exactly that inode is linked to `dest` (copied when `dest` is on
-/// another filesystem) and handed to root with mode 0600. A Firecracker that keeps running after the snapshot
+/// another filesystem) and handed to root with [`SNAPSHOT_FILE_MODE`]. A Firecracker that keeps running after the snapshot
 /// could still write through descriptors it holds: stop it (or copy) before committing the snapshot.
 fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
     use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat2};
@@ -176,7 +182,11 @@ fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
         dest,
         AtFlags::AT_SYMLINK_FOLLOW,
     ) {
-        Ok(()) => {}
+        Ok(()) => {
+            std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io(dest))?;
+            file.set_permissions(std::fs::Permissions::from_mode(SNAPSHOT_FILE_MODE))
+                .map_err(io(dest))
+        }
         Err(nix::Error::EXDEV) => {
             let mut out = std::fs::File::options()
                 .write(true)
@@ -185,11 +195,9 @@ fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
                 .open(dest)
                 .map_err(io(dest))?;
             std::io::copy(&mut &file, &mut out).map_err(io(dest))?;
-            return Ok(());
+            out.set_permissions(std::fs::Permissions::from_mode(SNAPSHOT_FILE_MODE))
+                .map_err(io(dest))
         }
-        Err(e) => return Err(io(dest)(e.into())),
+        Err(e) => Err(io(dest)(e.into())),
     }
-    std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io(dest))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(io(dest))
 }

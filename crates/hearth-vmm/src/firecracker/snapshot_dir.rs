@@ -184,12 +184,15 @@ impl FirecrackerVmm {
     }
 }
 
-/// Replaces `path` by a fresh copy of itself (a new inode, root's, mode 0600).
+/// Replaces `path` by a fresh copy of itself (a new inode, root's, [`super::snapshot::SNAPSHOT_FILE_MODE`]).
 async fn replace_with_copy(path: &Path) -> Result<(), VmmError> {
     let tmp = path.with_extension("copy");
     copy_disk(path, &tmp).await?;
-    let done = std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .and_then(|()| std::fs::rename(&tmp, path));
+    let done = std::fs::set_permissions(
+        &tmp,
+        std::os::unix::fs::PermissionsExt::from_mode(super::snapshot::SNAPSHOT_FILE_MODE),
+    )
+    .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = done {
         let _ = std::fs::remove_file(&tmp);
         return Err(io(path)(e));
