@@ -49,3 +49,46 @@ impl Trimmers {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A "VM" (a shell appending to the log, as Firecracker's stdio does) floods 6 MiB: the watched log stays
+    /// bounded and keeps the newest output; the task ends with the process.
+    #[tokio::test]
+    async fn a_flooded_log_stays_bounded_while_the_vm_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join(LOG_FILE);
+        let script = "i=0; while [ $i -lt 96 ]; do head -c 65536 /dev/zero | tr '\\0' x; echo; i=$((i+1)); \
+                      sleep 0.02; done; echo last-line; sleep 30";
+        let proc_id = process::spawn_detached(Path::new("/bin/sh"), &["-c".into(), script.into()], &log)
+            .expect("spawn");
+        let trimmers = Trimmers::default();
+        trimmers.watch(dir.path(), proc_id);
+        trimmers.watch(dir.path(), proc_id); // a second watch of the same VM is a no-op
+        assert_eq!(trimmers.0.lock().expect("lock").len(), 1);
+        let max = crate::qemu::console::CONSOLE_MAX;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut largest = 0;
+        loop {
+            let len = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+            largest = largest.max(len);
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("last-line") && len <= max {
+                assert!(text.starts_with("[hearth: log trimmed,"), "{}", &text[..80.min(text.len())]);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the log was not trimmed ({len} bytes)");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // One period of writing (~3 MiB/s here) at most beyond the bound, never the whole 6 MiB.
+        assert!(largest < max + 4 * 1024 * 1024, "the log reached {largest} bytes");
+        process::terminate(proc_id, Duration::ZERO).await.expect("stop");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !trimmers.0.lock().expect("lock").is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the task outlived the process");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
