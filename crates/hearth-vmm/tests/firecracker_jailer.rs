@@ -210,6 +210,22 @@ async fn jailed_snapshot_restores_into_a_fresh_jail() {
             .state,
         "Running"
     );
+    // A restored VM's memory stays backed by the snapshot it came from: it snapshots again elsewhere
+    // (regression: the second pause of a resumed sandbox failed with EACCES on that file).
+    vmm.pause(&restored).await.expect("pause restored");
+    let again = SnapshotFiles {
+        state: sbx.tmp.path().join("vm2.state"),
+        memory: sbx.tmp.path().join("vm2.mem"),
+    };
+    vmm.create_snapshot(&restored, &again)
+        .await
+        .expect("snapshot of a restored VM");
+    assert!(
+        std::fs::metadata(&again.memory)
+            .expect("second memory file")
+            .len()
+            > 0
+    );
     vmm.stop(&restored).await.expect("stop restored");
     assert!(processes_mentioning(&sbx.dir).is_empty());
 }

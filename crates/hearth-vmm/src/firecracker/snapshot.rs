@@ -34,9 +34,13 @@ pub struct SnapshotFiles {
 /// guest's whole memory (see `jailer::link_readable`).
 pub const SNAPSHOT_FILE_MODE: u32 = 0o444;
 
-/// Where a jailed Firecracker reads and writes snapshot files, inside its chroot.
+/// Where a jailed Firecracker reads a snapshot it restores, inside its chroot. A restored VM's memory stays
+/// backed by that memory file (mapped copy-on-write), so the snapshots it writes later go elsewhere.
 const JAILED_STATE: &str = "/snapshot.state";
 const JAILED_MEMORY: &str = "/snapshot.mem";
+/// Where a jailed Firecracker writes a snapshot, inside its chroot (taken out at once).
+const JAILED_STATE_OUT: &str = "/snapshot-out.state";
+const JAILED_MEMORY_OUT: &str = "/snapshot-out.mem";
 
 impl FirecrackerVmm {
     pub(super) fn vm_api_error(vm: &VmHandle, e: &api::ApiError) -> VmmError {
@@ -76,14 +80,14 @@ impl FirecrackerVmm {
         // The jailed process can only write inside its chroot: write there, then move the files out.
         let req = api::SnapshotCreate {
             snapshot_type: api::SnapshotType::Full,
-            snapshot_path: JAILED_STATE.into(),
-            mem_file_path: JAILED_MEMORY.into(),
+            snapshot_path: JAILED_STATE_OUT.into(),
+            mem_file_path: JAILED_MEMORY_OUT.into(),
         };
-        let inner_state = jail_root.join(&JAILED_STATE[1..]);
-        let inner_memory = jail_root.join(&JAILED_MEMORY[1..]);
+        let inner_state = jail_root.join(&JAILED_STATE_OUT[1..]);
+        let inner_memory = jail_root.join(&JAILED_MEMORY_OUT[1..]);
         let result = match api.create_snapshot(req).await {
-            Ok(()) => take_out(&jail_root, &JAILED_STATE[1..], &files.state)
-                .and_then(|()| take_out(&jail_root, &JAILED_MEMORY[1..], &files.memory)),
+            Ok(()) => take_out(&jail_root, &JAILED_STATE_OUT[1..], &files.state)
+                .and_then(|()| take_out(&jail_root, &JAILED_MEMORY_OUT[1..], &files.memory)),
             Err(e) => Err(Self::vm_api_error(vm, &e)),
         };
         // Unlinking names inside the chroot never follows a symlink; the chroot directory itself belongs to
