@@ -76,10 +76,17 @@ mod tests {
             largest = largest.max(len);
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if text.contains("last-line") && len <= max {
-                assert!(text.starts_with("[hearth: log trimmed,"), "{}", &text[..80.min(text.len())]);
+                assert!(
+                    text.starts_with("[hearth: log trimmed,"),
+                    "{}",
+                    &text[..80.min(text.len())]
+                );
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "the log was not trimmed ({len} bytes)");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log was not trimmed ({len} bytes)"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // One period of writing (~3 MiB/s here) at most beyond the bound, never the whole 6 MiB.
@@ -87,7 +94,10 @@ mod tests {
         process::terminate(proc_id, Duration::ZERO).await.expect("stop");
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !trimmers.0.lock().expect("lock").is_empty() {
-            assert!(std::time::Instant::now() < deadline, "the task outlived the process");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the task outlived the process"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
