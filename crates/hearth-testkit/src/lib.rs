@@ -77,6 +77,48 @@ pub fn build_bins(bins: &[(&str, &str)]) -> PathBuf {
     dir
 }
 
+/// Builds the integration test binaries `tests` of `package` (`cargo test --no-run`) and returns each one's
+/// name and executable, for tests that run other tests elsewhere (e.g. inside a [`kvm_host::KvmHost`]).
+pub fn build_test_bins(package: &str, tests: &[&str]) -> Vec<(String, PathBuf)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut build = Command::new(cargo);
+    build.args(["test", "-q", "--no-run", "--message-format=json", "-p", package]);
+    for t in tests {
+        build.args(["--test", t]);
+    }
+    if profile_dir().file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let out = build
+        .current_dir(workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "building the tests {tests:?} of {package} failed"
+    );
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(exe)) = (msg["target"]["name"].as_str(), msg["executable"].as_str()) else {
+            continue;
+        };
+        if msg["target"]["kind"][0] == "test" && tests.contains(&name) {
+            found.push((name.to_owned(), PathBuf::from(exe)));
+        }
+    }
+    for t in tests {
+        assert!(
+            found.iter().any(|(n, _)| n == t),
+            "cargo built no test binary {t} of {package}"
+        );
+    }
+    found
+}
+
 /// The `hearthd` binary, built once per test process.
 pub fn hearthd_bin() -> PathBuf {
     build_bins(&[("hearthd", "hearthd")]).join("hearthd")

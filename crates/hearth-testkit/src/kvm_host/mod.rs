@@ -41,6 +41,28 @@ const L1_NET: &str = "10.0.2.15/24,10.0.2.2,10.0.2.3";
 /// The port of L1 the host forward leads to.
 pub const L1_API_PORT: u16 = 7070;
 
+/// Prefix of a boot's temporary directory, and the file in it naming the test process that owns it.
+const DIR_PREFIX: &str = "kvmhost";
+const OWNER_FILE: &str = "owner.pid";
+
+/// Removes the directories of boots whose test process is gone (a test killed by its runner: its QEMU died
+/// with it, but nothing removed its disks, which are gigabytes).
+fn remove_stale_boots() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let owned = entry.file_name().to_string_lossy().starts_with(DIR_PREFIX);
+        let owner = std::fs::read_to_string(path.join(OWNER_FILE)).ok();
+        if let (true, Some(pid)) = (owned, owner.and_then(|p| p.trim().parse::<u32>().ok()))
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
 /// The KVM host root filesystem `images/build.sh --kvm-host` builds.
 pub fn l1_rootfs() -> PathBuf {
     crate::images_dir().join("kvm-host").join("rootfs.ext4")
@@ -53,9 +75,10 @@ pub struct KvmHostOptions {
     vcpus: u32,
     templates: Vec<String>,
     firecracker: bool,
-    files: Vec<(PathBuf, String)>,
+    files: Vec<(PathBuf, String, bool)>,
     disk_gib: u64,
     boot_timeout: Duration,
+    bins: Option<PathBuf>,
 }
 
 impl Default for KvmHostOptions {
@@ -68,6 +91,7 @@ impl Default for KvmHostOptions {
             files: Vec::new(),
             disk_gib: 32,
             boot_timeout: Duration::from_secs(180),
+            bins: None,
         }
     }
 }
@@ -107,13 +131,27 @@ impl KvmHostOptions {
 
     /// A host file that L1 finds at `/hearth/files/<name>`.
     pub fn file(mut self, host: impl Into<PathBuf>, name: &str) -> Self {
-        self.files.push((host.into(), format!("files/{name}")));
+        self.files.push((host.into(), format!("files/{name}"), false));
+        self
+    }
+
+    /// A program (e.g. a test binary of this build) that L1 finds at `/hearth/files/<name>`, without its debug
+    /// info (symbols stay, for backtraces).
+    pub fn program(mut self, host: impl Into<PathBuf>, name: &str) -> Self {
+        self.files.push((host.into(), format!("files/{name}"), true));
         self
     }
 
     /// Size of the run disk (sparse on the host): the images plus hearthd's sandboxes and snapshots.
     pub fn disk_gib(mut self, gib: u64) -> Self {
         self.disk_gib = gib;
+        self
+    }
+
+    /// Take `hearthd` and `hearth` from `dir` (e.g. a release build next to hearth-bench) instead of building
+    /// them for the running test.
+    pub fn bins(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.bins = Some(dir.into());
         self
     }
 
@@ -168,10 +206,12 @@ impl KvmHost {
                 rootfs.display()
             )
         });
+        remove_stale_boots();
         let dir = tempfile::Builder::new()
-            .prefix("kvmhost")
+            .prefix(DIR_PREFIX)
             .tempdir()
             .expect("a temporary directory");
+        std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string()).expect("owner file");
         let payload = payload_of(&opts);
         let disk = dir.path().join("run.ext4");
         payload.write(&dir.path().join("stage"), &disk, opts.disk_gib);
@@ -217,22 +257,27 @@ impl KvmHost {
 
     /// Mounts the run disk and cgroup2, puts the binaries in place and loads KVM.
     async fn prepare(&mut self, opts: &KvmHostOptions) {
-        let profile = crate::profile_dir();
         let mut script = format!(
             "set -e
              mkdir -p {m}
              mount -o noatime LABEL={label} {m}
              mountpoint -q /sys/fs/cgroup || mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
              for b in {m}/bin/*; do ln -sf \"$b\" /usr/local/bin/; done
-             # Test binaries find the daemon where cargo built it on the host (env!(\"CARGO_BIN_EXE_hearthd\")).
-             mkdir -p '{profile}' && mount --bind {m}/bin '{profile}'
-             modprobe kvm_amd
-             test -c /dev/kvm
+             # KVM, and what udev would have given a real host: /dev/net/tun (the rest loads on demand).
+             modprobe -a kvm_amd tun
+             test -c /dev/kvm && test -c /dev/net/tun
              ",
             m = payload::MOUNT,
             label = payload::LABEL,
-            profile = profile.display(),
         );
+        if opts.bins.is_none() {
+            // Test binaries find the daemon where cargo built it on the host (env!("CARGO_BIN_EXE_hearthd")).
+            script.push_str(&format!(
+                "mkdir -p '{profile}' && mount --bind {m}/bin '{profile}'\n",
+                profile = crate::profile_dir().display(),
+                m = payload::MOUNT
+            ));
+        }
         if opts.firecracker {
             script.push_str(&format!(
                 "mkdir -p /opt/hearth && ln -sfn {}/firecracker /opt/hearth/firecracker\n",
@@ -333,6 +378,11 @@ impl KvmHost {
         self.dir.path()
     }
 
+    /// L1's QEMU process on the host.
+    pub fn qemu_pid(&self) -> u32 {
+        self.qemu.id()
+    }
+
     /// Whether L1's QEMU still runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.qemu.try_wait(), Ok(None))
@@ -357,9 +407,12 @@ impl Drop for KvmHost {
 /// The run disk's contents for `opts`: this build's binaries, Firecracker, the guest images.
 fn payload_of(opts: &KvmHostOptions) -> payload::Payload {
     let mut p = payload::Payload::default();
-    let bins = crate::build_bins(&[("hearthd", "hearthd"), ("hearth-cli", "hearth")]);
-    p.add(bins.join("hearthd"), "bin/hearthd");
-    p.add(bins.join("hearth"), "bin/hearth");
+    let bins = match &opts.bins {
+        Some(dir) => dir.clone(),
+        None => crate::build_bins(&[("hearthd", "hearthd"), ("hearth-cli", "hearth")]),
+    };
+    p.add_program(bins.join("hearthd"), "bin/hearthd");
+    p.add_program(bins.join("hearth"), "bin/hearth");
     p.add(agent_bin(), "bin/hearth-agent");
     if opts.firecracker {
         let fc = Path::new("/opt/hearth/firecracker");
@@ -379,8 +432,12 @@ fn payload_of(opts: &KvmHostOptions) -> payload::Payload {
             format!("images/rootfs/{t}.ext4"),
         );
     }
-    for (host, dest) in &opts.files {
-        p.add(host, dest.clone());
+    for (host, dest, strip) in &opts.files {
+        if *strip {
+            p.add_program(host, dest.clone());
+        } else {
+            p.add(host, dest.clone());
+        }
     }
     p
 }
