@@ -4,12 +4,14 @@
 //! - [`daemon`]: start a private hearthd on a temporary data dir, or use `HEARTH_URL`/`HEARTH_API_KEY`.
 //! - [`stats`]: percentiles and table rendering.
 //! - [`fakenet`]: the private daemon's fake internet (namespaces the bench makes), [`net`]: the network rows.
+//! - [`kvm`]: `--kvm-host`, Firecracker against QEMU with KVM inside a KVM test host (nested; ratios only).
 //! - `main`: the scenarios, each measured in the same run so that ratios compare like with like on a noisy
 //!   machine.
 
 mod boot;
 mod daemon;
 mod fakenet;
+mod kvm;
 mod net;
 mod stats;
 
@@ -92,6 +94,11 @@ struct Args {
     /// TCG).
     #[arg(long, conflicts_with_all = ["only_net", "external"])]
     only_boot: bool,
+    /// Firecracker (jailed) against QEMU with KVM, side by side in a KVM test host (a VM under QEMU TCG with
+    /// nested SVM; needs `images/build.sh --kvm-host`): create -> first command, pause, resume, fork into 4,
+    /// template with memory. Uses --creates, --pause-cycles, --template-creates and --memory-mib.
+    #[arg(long, conflicts_with_all = ["only_net", "external", "only_boot"])]
+    kvm_host: bool,
 }
 
 fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
@@ -101,6 +108,29 @@ fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if args.kvm_host {
+        let bins = match &args.hearthd {
+            Some(h) => h.parent().map(std::path::Path::to_path_buf).unwrap_or_default(),
+            None => std::env::current_exe()?
+                .parent()
+                .context("the directory of hearth-bench")?
+                .to_path_buf(),
+        };
+        let kvm_args = kvm::KvmArgs {
+            creates: args.creates,
+            pause_cycles: args.pause_cycles,
+            template_creates: args.template_creates,
+            memory_mib: args.memory_mib,
+            bins,
+        };
+        let rows = kvm::rows(&kvm_args).await?;
+        println!(
+            "hearth-bench: KVM test host (nested under TCG; compare ratios, not seconds) memory={} MiB\n",
+            args.memory_mib
+        );
+        println!("{}", stats::render(&rows));
+        return Ok(());
+    }
     if args.only_boot {
         let accel = if hearth_vmm::detect::probe().kvm.is_usable() {
             hearth_vmm::Accel::Kvm
