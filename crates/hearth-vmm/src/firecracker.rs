@@ -67,6 +67,10 @@ pub const LOG_FILE: &str = "firecracker.log";
 pub const PID_FILE: &str = "firecracker.pid";
 /// Symlink to [`VmSpec::disk`] in the run directory (unjailed VMs), the drive path Firecracker is given.
 pub const DISK_LINK: &str = "rootfs.disk";
+/// Present while the guest may still have to act on the vsock reset of a snapshot (after a restore or a
+/// checkpoint): the next [`Vmm::connect_agent`] pokes the guest first (see `vsock::poke`). A file, so that a
+/// daemon restarted in between still knows.
+const VSOCK_RESET_MARK: &str = "vsock.reset-pending";
 const JAIL_DIR: &str = "jail";
 
 /// Guest vsock port the agent listens on, and the guest's context id.
@@ -541,11 +545,18 @@ impl FirecrackerVmm {
 
     /// Removes what `start` created in the run directory (never the disk or the directory itself).
     fn remove_run_files(run: &Path) {
-        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE] {
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE, VSOCK_RESET_MARK] {
             let _ = std::fs::remove_file(run.join(name));
         }
         remove_disk_link(run);
         let _ = std::fs::remove_dir_all(run.join(JAIL_DIR));
+    }
+
+    /// Records that the guest in `run_dir` has a vsock reset pending (see [`VSOCK_RESET_MARK`]).
+    pub(super) fn mark_vsock_reset(run_dir: &Path) {
+        if let Err(e) = std::fs::write(run_dir.join(VSOCK_RESET_MARK), b"") {
+            tracing::warn!(run_dir = %run_dir.display(), error = %e, "cannot record the pending vsock reset");
+        }
     }
 
     /// Removes the cgroups the jailer made for a VM whose process is gone (anything still in them, e.g. a
@@ -728,6 +739,10 @@ impl Vmm for FirecrackerVmm {
         // Adopted VMs (after a daemon restart) get their log bounded again here.
         self.consoles.watch(&vm.run_dir, Self::proc_id(vm));
         let uds = self.socket_addr(&vm.run_dir, VSOCK_SOCKET);
+        let mark = vm.run_dir.join(VSOCK_RESET_MARK);
+        if mark.exists() && vsock::poke(&uds, self.timeouts.agent_handshake).await {
+            let _ = std::fs::remove_file(&mark);
+        }
         vsock::connect(&uds, AGENT_VSOCK_PORT, self.timeouts.agent_handshake)
             .await
             .map_err(|e| VmmError::AgentChannel {
@@ -765,6 +780,10 @@ impl Vmm for FirecrackerVmm {
         remove_disk_link(&vm.run_dir);
         let _ = std::fs::remove_dir_all(vm.run_dir.join(JAIL_DIR));
         Ok(())
+    }
+
+    fn snapshot_resets_agent_channel(&self) -> bool {
+        true
     }
 
     async fn sweep(&self, live: &[VmHandle]) {

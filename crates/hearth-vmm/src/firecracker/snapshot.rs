@@ -138,6 +138,8 @@ impl FirecrackerVmm {
         if let Err(e) = launched.api.load_snapshot(load).await {
             return Err(self.abort(spec, launched.proc_id, api_error(&spec.id, &e)).await);
         }
+        // The snapshot carries the reset of the source VM's vsock connections, not yet seen by the guest.
+        Self::mark_vsock_reset(&spec.run_dir);
         self.finish(spec, &launched, "restored").await
     }
 

@@ -80,7 +80,11 @@ impl FirecrackerVmm {
         let saved = started.elapsed();
         let result = match written {
             Ok(()) => match mode {
-                SnapshotMode::Checkpoint => self.resume(vm).await,
+                SnapshotMode::Checkpoint => {
+                    // Writing the snapshot reset the running guest's vsock connections (pending until it sees it).
+                    Self::mark_vsock_reset(&vm.run_dir);
+                    self.resume(vm).await
+                }
                 // The state is saved: the process has nothing left to do.
                 SnapshotMode::Pause => crate::Vmm::stop(self, vm).await,
             },
