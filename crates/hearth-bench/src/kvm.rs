@@ -64,8 +64,8 @@ pub async fn rows(args: &KvmArgs) -> Result<Vec<Row>> {
         host.stop_hearthd().await;
         // The next VMM starts from nothing: no sandbox, snapshot or template of this one.
         host.sh(
-            "for p in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in \
-                 /firecracker*|qemu-system*) kill -9 ${p#/proc/};; esac; done; rm -rf /hearth/data",
+            "for p in /proc/[0-9]*; do case \"$(readlink $p/exe 2>/dev/null)\" in \
+                 */qemu-system-*|/firecracker|*/firecracker) kill -9 ${p#/proc/};; esac; done; rm -rf /hearth/data",
         )
         .await;
         measured.push(m?);

@@ -67,6 +67,20 @@ async fn run_inner(host: &KvmHost, vmm: &str, inner: &[Inner]) -> Vec<(String, D
             .await;
         let took = started.elapsed();
         eprintln!("==== {bin}::{name} on {vmm}: exit {:?} in {took:.1?}", out.code);
+        // A failed test may leave VMs behind (a jailed Firecracker names no path of the test's): they must not
+        // slow down or disturb the next one.
+        let left = leftovers(host).await;
+        if !left.trim().is_empty() {
+            eprintln!("==== left behind by {bin}::{name}, removed:\n{left}");
+            host.sh(
+                &format!("{VMM_PROCESSES}
+                 for p in $(vmms | cut -d: -f1); do kill -9 $p; done
+                 sleep 1; for d in /sys/fs/cgroup/hearth-*/*/; do [ -d \"$d\" ] && rmdir \"$d\"; done
+                 for n in $(ip netns list | awk '{{print $1}}' | grep '^hearth'); do ip netns del $n; done; true"
+                ),
+            )
+            .await;
+        }
         if !(out.success() && out.stdout.contains("test result: ok. 1 passed")) {
             failed.push(format!(
                 "{bin}::{name} (exit {:?}, timed out: {})",
@@ -116,7 +130,12 @@ async fn daemon_tests_on_firecracker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_tests_on_firecracker() {
-    let host = host_with(NETWORK_TESTS, KvmHostOptions::new()).await;
+    // Their sandboxes run python3 servers and clients: the `debian` template.
+    let host = host_with(
+        NETWORK_TESTS,
+        KvmHostOptions::new().templates(["minimal", "debian"]),
+    )
+    .await;
     run_inner(&host, "firecracker", NETWORK_TESTS).await;
 }
 
@@ -276,16 +295,22 @@ async fn assert_jailed(host: &KvmHost, id: &str, vcpus: u32, memory_mib: u64) ->
     j
 }
 
+/// A shell function printing `pid: command line` of every VMM process in L1 (found by executable, so that no
+/// shell whose command line mentions a VMM matches).
+const VMM_PROCESSES: &str = "vmms() { for p in /proc/[0-9]*; do \
+       case \"$(readlink $p/exe 2>/dev/null)\" in */qemu-system-*|/firecracker|*/firecracker|*/jailer) \
+         echo \"${p#/proc/}: $(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\";; esac; done; }";
+
 /// What is left in L1 of hearthd's VMs: VMM processes, VM cgroups, sandbox namespaces and directories.
 async fn leftovers(host: &KvmHost) -> String {
-    host.sh(
-        "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); \
-           case \"$c\" in /firecracker*|*jailer*|qemu-system*) echo \"process ${p#/proc/}: $c\";; esac; done
+    host.sh(&format!(
+        "{VMM_PROCESSES}
+         vmms | sed 's/^/process /'
          for d in /sys/fs/cgroup/hearth-*/*/; do [ -d \"$d\" ] && echo \"cgroup $d\"; done
          ip netns list | grep -v l1-uplink | sed 's/^/netns /'
-         ls /hearth/data/sandboxes | sed 's/^/dir /'
-         true",
-    )
+         ls /hearth/data/sandboxes 2>/dev/null | sed 's/^/dir /'
+         true"
+    ))
     .await
 }
 
@@ -293,14 +318,12 @@ async fn leftovers(host: &KvmHost) -> String {
 /// instance id).
 async fn vmm_pids(host: &KvmHost, id: &str) -> Vec<u32> {
     let iid = hearth_vmm::firecracker::FirecrackerVmm::instance_id(id);
-    host.sh(&format!(
-        "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); \
-           case \"$c\" in *sandboxes/{id}*|*' {iid} '*) echo ${{p#/proc/}};; esac; done; true"
-    ))
-    .await
-    .lines()
-    .filter_map(|l| l.trim().parse().ok())
-    .collect()
+    host.sh(&format!("{VMM_PROCESSES}\n vmms"))
+        .await
+        .lines()
+        .filter(|l| l.contains(&format!("sandboxes/{id}")) || l.contains(&format!(" {iid} ")))
+        .filter_map(|l| l.split(':').next()?.trim().parse().ok())
+        .collect()
 }
 
 fn minimal(vcpus: u32) -> CreateSandboxRequest {
@@ -445,10 +468,11 @@ async fn qemu_kvm_is_auto_without_firecracker() {
     assert!(detail.contains("/dev/kvm usable"), "{detail}");
     // The guest really runs on KVM (not TCG): QEMU was started with it.
     let sbx = client.create_sandbox(&minimal(1)).await.expect("create");
-    let qemu = host
-        .sh("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep '^qemu-system' || true")
-        .await;
-    assert!(qemu.contains("-accel kvm"), "{qemu}");
+    let qemu = host.sh(&format!("{VMM_PROCESSES}\n vmms")).await;
+    assert!(
+        qemu.contains("qemu-system") && qemu.contains("-accel kvm"),
+        "{qemu}"
+    );
     client.delete_sandbox(&sbx.id).await.expect("destroy");
     lifecycle(&host, &client, false).await;
 }
