@@ -41,6 +41,10 @@ pub struct Cmdline {
     /// `serial` or `vsock`; `None` = detect.
     pub transport: Option<String>,
     pub vsock_port: Option<u32>,
+    /// `hearth.contain=0|1`: programs in cgroups (see [`crate::contain`]); `None` = the default.
+    pub contain: Option<bool>,
+    /// `hearth.pids_max=N`: most processes all programs together may have.
+    pub pids_max: Option<u64>,
 }
 
 impl Cmdline {
@@ -54,14 +58,21 @@ impl Cmdline {
             hostname: keys.get("hearth.hostname").map(|s| (*s).to_owned()),
             transport: keys.get("hearth.transport").map(|s| (*s).to_owned()),
             vsock_port: keys.get("hearth.vsock_port").and_then(|s| s.parse().ok()),
+            contain: keys.get("hearth.contain").map(|s| *s != "0"),
+            pids_max: keys.get("hearth.pids_max").and_then(|s| s.parse().ok()),
         }
     }
 
     /// Read `/proc/cmdline` (empty when unreadable). `HEARTH_AGENT_CMDLINE`, when set, replaces it (tests run
-    /// the agent as PID 1 of a namespace, where the real command line belongs to the host).
+    /// the agent as PID 1 of a namespace, where the real command line belongs to the host); then containment
+    /// is off unless the line asks for it, so a test never touches the host's cgroups.
     pub fn read() -> Self {
         match std::env::var("HEARTH_AGENT_CMDLINE") {
-            Ok(line) => Self::parse(&line),
+            Ok(line) => {
+                let mut c = Self::parse(&line);
+                c.contain = Some(c.contain == Some(true));
+                c
+            }
             Err(_) => Self::parse(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default()),
         }
     }
@@ -85,6 +96,9 @@ pub fn setup() {
     }
     // The NIC, when the host gave the VM one (`hearth.net=`); failures are logged, never fatal.
     crate::net::setup();
+    if cmdline.contain != Some(false) {
+        crate::contain::setup(cmdline.pids_max);
+    }
 }
 
 fn valid_hostname(n: &str) -> bool {
@@ -210,6 +224,10 @@ mod tests {
         assert_eq!(c.vsock_port, Some(2000));
         assert_eq!(Cmdline::parse(""), Cmdline::default());
         assert_eq!(Cmdline::parse("hearth.vsock_port=x").vsock_port, None);
+        assert_eq!(c.contain, None);
+        let c = Cmdline::parse("hearth.contain=0 hearth.pids_max=128");
+        assert_eq!((c.contain, c.pids_max), (Some(false), Some(128)));
+        assert_eq!(Cmdline::parse("hearth.contain=1").contain, Some(true));
     }
 
     #[test]

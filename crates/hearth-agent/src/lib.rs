@@ -6,6 +6,8 @@
 //! - `conn`: one session: frame loop, `Hello` handling, per-connection stream table, process requests.
 //! - `procs`: spawning (own session/process group, base env, cwd), output pumps with flow control, timeouts,
 //!   bounded output tails, exit statuses.
+//! - [`contain`]: every program in a cgroup of its own under one limited parent (memory, pids, CPU weight),
+//!   killed as a whole; the agent in its own protected cgroup.
 //! - `pty`: programs on a pseudo-terminal (session leader with a controlling terminal, resize, signals,
 //!   hang-up when the stream is abandoned).
 //! - `files`: file requests (read/write streamed, stat, list, mkdir, remove, rename) with typed errors.
@@ -22,6 +24,7 @@
 //! The binary (`main.rs`) runs [`init::setup`] then serves the chosen transport forever.
 
 mod conn;
+pub mod contain;
 mod files;
 pub mod init;
 pub mod net;

@@ -83,6 +83,8 @@ pub struct Proc {
     state: Mutex<ProcState>,
     exit: watch::Sender<Option<ExitStatus>>,
     stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
+    /// The cgroup the process and all it starts live in (`None` when containment is off).
+    cgroup: Option<crate::contain::Cgroup>,
 }
 
 impl Proc {
@@ -137,8 +139,9 @@ impl Proc {
         }
     }
 
-    /// Stop the process group the polite way first: SIGHUP and SIGTERM now, SIGKILL after `grace` if the
-    /// process has not exited by then. Returns at once (a task does the waiting).
+    /// Stop the process the polite way first: SIGHUP and SIGTERM to its group now; then, once it exited or
+    /// `grace` passed, SIGKILL to whatever is left of it (its whole cgroup: descendants in other sessions
+    /// too). Returns at once (a task does the waiting).
     pub fn stop_with_grace(self: &Arc<Self>, grace: Duration) {
         if self.exit_status().is_some() {
             return;
@@ -147,8 +150,13 @@ impl Proc {
         let _ = self.kill(libc::SIGTERM);
         let me = self.clone();
         tokio::spawn(async move {
-            if tokio::time::timeout(grace, me.wait()).await.is_err() {
-                let _ = me.kill(libc::SIGKILL);
+            let exited = tokio::time::timeout(grace, me.wait()).await.is_ok();
+            match &me.cgroup {
+                Some(cg) => cg.kill(),
+                None if !exited => {
+                    let _ = me.kill(libc::SIGKILL);
+                }
+                None => {}
             }
         });
     }
@@ -171,7 +179,13 @@ impl Proc {
 
     /// Send `signal` to the process group (falling back to the process itself). After the leader exited,
     /// the rest of its group may live on, so the group is still signalled; a group that is gone is not an error.
+    /// SIGKILL also kills the process' whole cgroup: descendants that left the group (`setsid`) die too.
     pub fn kill(&self, signal: i32) -> Result<(), AgentError> {
+        if signal == libc::SIGKILL
+            && let Some(cg) = &self.cgroup
+        {
+            cg.kill();
+        }
         let pid = self.pid as libc::pid_t;
         // SAFETY: kill has no memory-safety preconditions.
         if unsafe { libc::kill(-pid, signal) } == 0 || self.exit_status().is_some() {
@@ -216,6 +230,8 @@ impl ProcTable {
     /// Start a process. For a foreground one, `Started` is sent on `sink` before any output.
     pub fn spawn(self: &Arc<Self>, req: ExecRequest, sink: Option<Sink>) -> Result<Arc<Proc>, AgentError> {
         let mut cmd = build_command(&req)?;
+        let cgroup = crate::contain::enter_on_exec(&mut cmd)
+            .map_err(|e| fail(ErrorKind::Other, format!("cannot make the command's cgroup: {e}")))?;
         let (mut child, exit_rx) = reaper::spawn(&mut cmd).map_err(|e| {
             let kind = crate::files::errno_kind(&e);
             fail(
@@ -247,6 +263,7 @@ impl ProcTable {
             }),
             exit: watch::Sender::new(None),
             stdin: tokio::sync::Mutex::new(stdin),
+            cgroup,
         });
         self.lock().insert(pid, proc.clone());
         if let Some(s) = &sink {

@@ -44,13 +44,14 @@ pub(crate) async fn run(
             format!("invalid terminal size {}x{}", req.rows, req.cols),
         ));
     }
-    let (master, pid, exit) = spawn(&req)?;
+    let (master, pid, exit, cgroup) = spawn(&req)?;
     // From here on, leaving early (the task is aborted when the stream is abandoned or the connection lost)
     // hangs the session up.
     let mut hangup = Hangup {
         pid,
         exit: exit.clone(),
         armed: true,
+        cgroup: cgroup.map(Arc::new),
     };
     ctx.reply(GuestMsg::Started { pid });
     let master = Arc::new(master);
@@ -82,8 +83,11 @@ pub(crate) async fn run(
     Ok(After::Done)
 }
 
-/// Open the terminal and start the program on it; returns the master side, the pid and its exit.
-fn spawn(req: &PtyRequest) -> Result<(AsyncFd<OwnedFd>, u32, ExitWatch), AgentError> {
+/// What [`spawn`] returns: the master side, the pid, its exit and its cgroup.
+type Spawned = (AsyncFd<OwnedFd>, u32, ExitWatch, Option<crate::contain::Cgroup>);
+
+/// Open the terminal and start the program on it, in a cgroup of its own.
+fn spawn(req: &PtyRequest) -> Result<Spawned, AgentError> {
     let mut env = req.env.clone();
     env.entry("TERM".into()).or_insert_with(|| DEFAULT_TERM.into());
     let exec = ExecRequest {
@@ -120,6 +124,12 @@ fn spawn(req: &PtyRequest) -> Result<(AsyncFd<OwnedFd>, u32, ExitWatch), AgentEr
             Ok(())
         });
     }
+    let cgroup = crate::contain::enter_on_exec(&mut cmd).map_err(|e| {
+        fail(
+            ErrorKind::Other,
+            format!("cannot make the terminal's cgroup: {e}"),
+        )
+    })?;
     let (child, exit_rx) = reaper::spawn(&mut cmd).map_err(|e| {
         fail(
             crate::files::errno_kind(&e),
@@ -141,7 +151,7 @@ fn spawn(req: &PtyRequest) -> Result<(AsyncFd<OwnedFd>, u32, ExitWatch), AgentEr
     let master =
         unsafe { AsyncFd::register_with_interest(pty.master, Interest::READABLE | Interest::WRITABLE) }
             .map_err(|e| fail(ErrorKind::Other, format!("terminal: {e}")))?;
-    Ok((master, pid, rx))
+    Ok((master, pid, rx, cgroup))
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
@@ -287,6 +297,8 @@ struct Hangup {
     pid: u32,
     exit: ExitWatch,
     armed: bool,
+    /// Killed with the group when the program outlives the grace: descendants that left it die too.
+    cgroup: Option<Arc<crate::contain::Cgroup>>,
 }
 
 impl Drop for Hangup {
@@ -302,8 +314,12 @@ impl Drop for Hangup {
             libc::kill(pgid, libc::SIGTERM);
         }
         let exit = self.exit.clone();
+        let cgroup = self.cgroup.clone();
         tokio::spawn(async move {
             if tokio::time::timeout(STOP_GRACE, wait_exit(exit)).await.is_err() {
+                if let Some(cg) = cgroup {
+                    cg.kill();
+                }
                 // SAFETY: as above; still not reaped.
                 unsafe { libc::kill(pgid, libc::SIGKILL) };
             }

@@ -33,6 +33,12 @@ impl FdStream {
             fd: Arc::new(register(fd)?),
         })
     }
+
+    /// A stream over a duplicate of `fd` (same open port, so nothing buffered is lost), registered with the
+    /// reactor anew: a fresh readiness state, without the sticky hang-up of an earlier session.
+    pub fn over_dup(fd: &OwnedFd) -> io::Result<Self> {
+        Self::new(fd.try_clone()?)
+    }
 }
 
 /// Register an owned descriptor with the reactor.
@@ -57,9 +63,15 @@ impl AsyncRead for FdStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         loop {
             let mut guard = ready!(self.fd.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
+            // tokio never clears a "read closed" readiness (a virtio port that saw its host go away reports
+            // HUP once): from then on every poll is ready, and retrying a read that would block would spin
+            // forever. End the stream instead; the next session registers the port afresh.
+            let closed = guard.ready().is_read_closed();
+            // SAFETY: read(2) only writes initialised bytes into the unfilled part, within its length; exactly
+            // the bytes it reports are marked initialised below. (No zeroing first: buffers are 64 KiB+.)
+            let unfilled = unsafe { buf.unfilled_mut() };
             let res = guard.try_io(|fd| {
-                // SAFETY: reading into the initialised, unfilled part of `buf`, within its length.
+                // SAFETY: as above.
                 let n = unsafe { libc::read(fd.as_raw_fd(), unfilled.as_mut_ptr().cast(), unfilled.len()) };
                 if n < 0 {
                     Err(io::Error::last_os_error())
@@ -69,6 +81,8 @@ impl AsyncRead for FdStream {
             });
             match res {
                 Ok(Ok(n)) => {
+                    // SAFETY: read(2) initialised the first `n` bytes of the unfilled part.
+                    unsafe { buf.assume_init(n) };
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
@@ -77,6 +91,7 @@ impl AsyncRead for FdStream {
                     return Poll::Ready(Ok(()));
                 }
                 Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) if closed => return Poll::Ready(Ok(())),
                 Err(_would_block) => continue,
             }
         }
@@ -87,6 +102,8 @@ impl AsyncWrite for FdStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         loop {
             let mut guard = ready!(self.fd.poll_write_ready(cx))?;
+            // As for reads: a sticky "write closed" must not turn a would-block into a busy loop.
+            let closed = guard.ready().is_write_closed();
             let res = guard.try_io(|fd| {
                 // SAFETY: writing from a valid slice, within its length.
                 let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
@@ -98,6 +115,12 @@ impl AsyncWrite for FdStream {
             });
             match res {
                 Ok(r) => return Poll::Ready(r),
+                Err(_would_block) if closed => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the host side hung up",
+                    )));
+                }
                 Err(_would_block) => continue,
             }
         }
@@ -148,7 +171,8 @@ pub async fn serve_serial(agent: &Agent, path: &Path) -> ! {
         }
     };
     loop {
-        let port = match open_rdwr(path).and_then(FdStream::new) {
+        // Held open for as long as it works; each session reads a duplicate registered afresh.
+        let port = match open_rdwr(path) {
             Ok(p) => p,
             Err(e) => {
                 note(format!("opening {}: {e}", path.display()));
@@ -157,7 +181,11 @@ pub async fn serve_serial(agent: &Agent, path: &Path) -> ! {
             }
         };
         loop {
-            if let Err(e) = agent.serve(port.clone()).await {
+            let session = match FdStream::over_dup(&port) {
+                Ok(s) => agent.serve(s).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = session {
                 note(format!("serial session on {}: {e}", path.display()));
                 // An I/O error (unlike end-of-file) may mean the descriptor is broken: reopen it.
                 break;

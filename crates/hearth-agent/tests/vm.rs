@@ -3,7 +3,8 @@
 //! whose initramfs carries the agent built by `images/build-agent.sh`; a missing image fails the test.
 //!
 //! Covered: system set-up by PID 1 (hostname from the kernel command line, mounts, `lo`, SIGTERM ignored,
-//! orphans reaped), rapid reconnects (each a new session on the same port, nothing lost), a host that
+//! orphans reaped), rapid reconnects (each a new session on the same port, nothing lost, the agent idle
+//! afterwards), a host that
 //! vanishes mid-stream, processes and output tails surviving reconnects, timeouts killing process groups.
 
 use std::path::PathBuf;
@@ -95,7 +96,10 @@ async fn agent_in_a_real_guest() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images.join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let spec = VmSpec {
         id: "sbx_00000000000000ab".into(),
         vcpus: 1,
@@ -225,6 +229,17 @@ async fn agent_in_a_real_guest() {
     let c = connect(&vmm, &vm, Duration::from_secs(20))
         .await
         .expect("reconnect");
+
+    // After all those hang-ups the idle agent waits for the host instead of retrying reads: a virtio port that
+    // saw its host go away stays "closed" to the reactor, and retrying would-block reads then spun PID 1 at
+    // full CPU (hundreds of thousands of reads a second), starving every program in the guest.
+    let reads = out(
+        &c,
+        "a=$(sed -n 's/^syscr: //p' /proc/1/io); sleep 3; b=$(sed -n 's/^syscr: //p' /proc/1/io); echo $((b-a))",
+    )
+    .await;
+    let reads: u64 = reads.parse().expect("a number of reads");
+    assert!(reads < 1000, "the idle agent made {reads} read calls in 3 s");
     let procs = c.list_processes().await.expect("list");
     assert!(procs.iter().any(|p| p.pid == bg && p.exit.is_none()), "{procs:?}");
     let exit = tokio::time::timeout(Duration::from_secs(60), c.wait_process(fg_pid))
@@ -299,7 +314,10 @@ async fn forks_get_fresh_clock_rng_and_identity() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let spec = test_spec(run.path(), disk.clone(), "sbx_00000000000000c1", "origin");
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = Guard {
@@ -341,7 +359,10 @@ async fn forks_get_fresh_clock_rng_and_identity() {
     let mut forks = Vec::new();
     for (i, name) in ["fork-a", "fork-b"].into_iter().enumerate() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let fdisk = vmm.prepare_disk(&ck_disk, dir.path()).await.expect("fork disk");
+        let fdisk = vmm
+            .prepare_disk(&ck_disk, hearth_vmm::DiskFormat::Qcow2, dir.path())
+            .await
+            .expect("fork disk");
         let fspec = test_spec(dir.path(), fdisk, &format!("sbx_00000000000000d{i}"), name);
         let f = vmm.restore(&fspec, &ck, &info).await.expect("restore");
         let guard = Guard {
@@ -454,7 +475,10 @@ async fn pty_in_a_real_guest() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let spec = test_spec(run.path(), disk, "sbx_00000000000000d1", "pty-test");
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = Guard {

@@ -19,9 +19,14 @@ pub struct RunCommandRequest {
     /// Working directory in the guest. Default `/root` (or `/` if absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
-    /// Bytes (UTF-8 text) written to the command's stdin, which is then closed.
+    /// Bytes (UTF-8 text) written to the command's stdin, which is then closed (unless `keep_stdin_open`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
+    /// Keep the command's stdin open (after `stdin`, if given, is written) so that
+    /// `POST .../processes/{pid}/stdin` can feed and close it while the output streams. Foreground commands
+    /// only: a background command's stdin is always open. Default false (stdin is empty).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_stdin_open: bool,
     /// Kill the command after this many seconds (foreground default 60, max 86400; background: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u64>,

@@ -137,7 +137,9 @@ pub struct EgressEvent {
     pub name: Option<String>,
     pub allowed: bool,
     /// Why: `allow_rule`, `deny_rule`, `default_allow`, `default_deny`, `always_denied`, `private_peer`,
-    /// `dns_blocked`, `resolves_to_denied`, `unresolvable`, `spoofed`.
+    /// `dns_blocked`, `resolves_to_denied`, `unresolvable`, `spoofed`, `host_changed` (a later request on a
+    /// kept-alive connection named another host), `malformed_http` (a request the proxy cannot frame),
+    /// `connection_limit` (the sandbox's or the host's connection budget is spent).
     pub reason: String,
     /// The rule that decided, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -103,7 +103,9 @@ struct Boot {
 
 async fn boot_once(vmm: &QemuVmm, images: &BootImages, base: &Path, memory_mib: u32) -> Result<Boot> {
     let run = tempfile::Builder::new().prefix("hearth-bench-boot").tempdir()?;
-    let disk = vmm.prepare_disk(base, run.path()).await?;
+    let disk = vmm
+        .prepare_disk(base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await?;
     let spec = VmSpec {
         id: "sbx_00000000000000be".to_owned(),
         vcpus: 1,

@@ -102,6 +102,20 @@ impl Client {
         Ok(Client { http, base, api_key })
     }
 
+    /// A client for the same daemon, sharing this one's connection pool, that sends `api_key` instead (a
+    /// server forwarding each caller's own key builds one per request this way).
+    pub fn with_api_key(&self, api_key: impl Into<String>) -> Result<Self, Error> {
+        let key = api_key.into();
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Error::InvalidApiKey);
+        }
+        Ok(Client {
+            http: self.http.clone(),
+            base: self.base.clone(),
+            api_key: Some(key),
+        })
+    }
+
     /// The daemon's base URL.
     pub fn base_url(&self) -> &Url {
         &self.base
@@ -416,6 +430,17 @@ mod tests {
         ));
         assert!(format!("{:?}", Client::new("http://h", "secret").unwrap()).contains("<set>"));
         assert!(!format!("{:?}", Client::new("http://h", "secret").unwrap()).contains("secret"));
+    }
+
+    #[test]
+    fn with_api_key_swaps_the_key_and_refuses_bad_ones() {
+        let c = Client::without_key("http://127.0.0.1:7070").unwrap();
+        assert!(!c.has_api_key());
+        let k = c.with_api_key("hk_abc").unwrap();
+        assert_eq!(k.api_key(), Some("hk_abc"));
+        assert_eq!(k.base_url(), c.base_url());
+        assert!(matches!(c.with_api_key(""), Err(Error::InvalidApiKey)));
+        assert!(matches!(c.with_api_key("a b"), Err(Error::InvalidApiKey)));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! What a sandbox's resolver and egress proxy share: its policy (swappable at run time), the names of its
-//! private-network peers, the addresses the daemon denies besides the fixed ranges, and its audit log.
+//! private-network peers, the addresses the daemon denies besides the fixed ranges, its audit log and the bounds
+//! on the connections it may hold (with the budget shared by every sandbox).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, RwLock};
 
 use crate::audit::AuditLog;
+use crate::limits::NetLimits;
 use crate::policy::Policy;
 
 /// Per-sandbox network state shared (through an `Arc`) by the DNS resolver and the egress proxy. Locks are
@@ -22,9 +24,14 @@ pub struct SandboxNetCtx {
     /// Addresses denied besides [`crate::always_denied`]: the host's own, the daemon's API, other sandboxes.
     pub extra_denied: Vec<IpAddr>,
     pub audit: AuditLog,
+    /// How many proxied and DNS-over-TCP connections this sandbox may hold, and the budget every sandbox draws
+    /// from (read when the proxy and the resolver start).
+    pub limits: NetLimits,
 }
 
 impl SandboxNetCtx {
+    /// A sandbox's state with the process's limits ([`NetLimits::process`]: sized from the open-file limit at
+    /// first use, one budget shared by every sandbox).
     pub fn new(id: impl Into<String>, policy: Policy, extra_denied: Vec<IpAddr>) -> Self {
         SandboxNetCtx {
             id: id.into(),
@@ -32,7 +39,15 @@ impl SandboxNetCtx {
             private_names: RwLock::new(HashMap::new()),
             extra_denied,
             audit: AuditLog::default(),
+            limits: NetLimits::process(),
         }
+    }
+
+    /// The same with other limits (e.g. [`NetLimits::for_nofile`] of the daemon's limit; give every sandbox a
+    /// clone of the same value so that they share its budget).
+    pub fn with_limits(mut self, limits: NetLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The policy in force now.

@@ -6,6 +6,15 @@
 //! covers what no rule names. Whatever the policy says, [`crate::always_denied`] ranges and the addresses the
 //! daemon adds at run time (the host's own, other sandboxes) stay denied.
 //!
+//! # Allow rules over always-denied space
+//! An allow rule may name always-denied space (`10.0.0.0/8`, `64:ff9b::/96`, `168.63.129.16`, or `::/0`, which
+//! covers all of it): the policy is accepted, so one written for another platform still loads, but such a rule
+//! never takes effect. The always-denied check comes first everywhere a decision is taken: in the kernel (the
+//! egress chain drops `@always_denied4`/`@always_denied6` before it looks at `@allow4`/`@allow6`), in the proxy
+//! and in the resolver ([`Policy::decide_addr`]); and an IPv6 address that carries an IPv4 address (mapped,
+//! compatible, NAT64, 6to4) is judged as that IPv4 address too, so no IPv6 spelling re-opens an IPv4 range.
+//! Deny rules act on always-denied space harmlessly.
+//!
 //! Names compare case-insensitively and a trailing dot is ignored.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -29,6 +38,12 @@ pub mod reason {
     pub const RESOLVES_TO_DENIED: &str = "resolves_to_denied";
     pub const UNRESOLVABLE: &str = "unresolvable";
     pub const SPOOFED: &str = "spoofed";
+    /// A later request on a kept-alive HTTP connection names another host than the first.
+    pub const HOST_CHANGED: &str = "host_changed";
+    /// An HTTP request the proxy cannot frame with certainty (see [`crate::proxy`]).
+    pub const MALFORMED_HTTP: &str = "malformed_http";
+    /// The sandbox (or all sandboxes together) holds as many connections as it may ([`crate::limits`]).
+    pub const CONNECTION_LIMIT: &str = "connection_limit";
 }
 
 /// A policy that cannot be used. Each message names the rule at fault.
@@ -586,6 +601,12 @@ mod tests {
                 "10.1.0.0/16",
                 "2001:db8::/32",
                 "169.254.169.254",
+                "64:ff9b::/96",
+                "2002::/16",
+                "2001::/32",
+                "::/96",
+                "168.63.129.16",
+                "192.88.99.0/24",
             ],
             &["203.0.113.66", "2001:db8:bad::/48"],
         )
@@ -616,7 +637,21 @@ mod tests {
             ("64:ff9b::a00:1", false, "always_denied", None),
             ("64:ff9b::a9fe:a9fe", false, "always_denied", None),
             ("2002:a00:1::1", false, "always_denied", None),
-            ("64:ff9b::cb00:7142", false, "deny_rule", Some("203.0.113.66")),
+            // Prefixes that embed or tunnel IPv4 are denied as a whole, whatever IPv4 address they carry.
+            ("64:ff9b::cb00:710a", false, "always_denied", None),
+            ("64:ff9b:1::cb00:710a", false, "always_denied", None),
+            ("2002:cb00:710a::1", false, "always_denied", None),
+            (
+                "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+                false,
+                "always_denied",
+                None,
+            ),
+            ("::cb00:710a", false, "always_denied", None),
+            ("::ffff:0:cb00:710a", false, "always_denied", None),
+            // Cloud host services in public space.
+            ("168.63.129.16", false, "always_denied", None),
+            ("192.88.99.1", false, "always_denied", None),
             // The daemon's extra denials, in either form.
             ("198.51.100.1", false, "always_denied", None),
             ("::ffff:198.51.100.1", false, "always_denied", None),

@@ -442,6 +442,39 @@ mod tests {
     }
 
     #[test]
+    fn always_denied_sets_hold_the_ipv4_carrying_prefixes_and_host_services() {
+        let t = sandbox_table(&sb(), "10.213.0.0/16".parse().unwrap(), None);
+        let set = |name: &str| {
+            let start = t.find(&format!("set {name} {{")).unwrap();
+            let end = start + t[start..].find("\t}").unwrap();
+            t[start..end].to_string()
+        };
+        let (v4, v6) = (set("always_denied4"), set("always_denied6"));
+        for net in [
+            "168.63.129.16",
+            "192.88.99.0/24",
+            "169.254.0.0/16",
+            "100.64.0.0/10",
+        ] {
+            assert!(v4.contains(net), "{net} missing from {v4}");
+        }
+        for net in [
+            "::/96",
+            "::ffff:0.0.0.0/96",
+            "::ffff:0:0:0/96",
+            "64:ff9b::/96",
+            "64:ff9b:1::/48",
+            "2001::/32",
+            "2002::/16",
+            "fc00::/7",
+        ] {
+            assert!(v6.contains(net), "{net} missing from {v6}");
+        }
+        // Checked before the allow sets, which may name the same space.
+        assert!(t.find("@always_denied6").unwrap() < t.find("@allow6").unwrap());
+    }
+
+    #[test]
     fn proxied_ports_are_refused_over_ipv6_when_domain_rules_apply() {
         let s = sb();
         assert!(s.proxy_tcp);

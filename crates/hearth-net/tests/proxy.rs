@@ -16,6 +16,7 @@ use std::time::Duration;
 use hearth_api::{EgressDefault, EgressEvent, EgressPolicy};
 use hearth_net::ctx::SandboxNetCtx;
 use hearth_net::dns::Upstream;
+use hearth_net::limits::{ConnBudget, NetLimits};
 use hearth_net::policy::Policy;
 use hearth_net::proxy::{Proxy, ProxyLimits, spawn_proxy};
 use proxy_support::{Netns, TestDns, TestHost, http_get, tcp_host, tls_host, tls_read};
@@ -440,14 +441,20 @@ async fn connections_beyond_the_limit_are_closed() {
     let greeter = tcp_host(&net.ns, addr("203.0.113.30:80"), "slow", true);
     let sbx = redirecting_sandbox();
     let listener = hearth_net::netns::tcp_listener(&sbx.path(), addr("0.0.0.0:15001")).unwrap();
-    let ctx = Arc::new(SandboxNetCtx::new(
-        "sbx1",
-        policy(EgressDefault::Deny, &["203.0.113.30"], &[]),
-        vec![],
-    ));
+    let ctx = Arc::new(
+        SandboxNetCtx::new(
+            "sbx1",
+            policy(EgressDefault::Deny, &["203.0.113.30"], &[]),
+            vec![],
+        )
+        .with_limits(NetLimits {
+            proxy_per_sandbox: 1,
+            dns_tcp_per_sandbox: 1,
+            budget: ConnBudget::new(100),
+        }),
+    );
     let upstream = Arc::new(Upstream::new(net.dns.addr, net.ns.path()));
     let limits = ProxyLimits {
-        max_connections: 1,
         peek_timeout: Duration::from_millis(300),
         ..ProxyLimits::default()
     };

@@ -549,3 +549,70 @@ async fn watch_events_from_the_guest_are_checked() {
     // Those were faults of single streams: the connection stays up.
     assert!(!c.is_closed());
 }
+
+#[tokio::test]
+async fn listings_are_bounded_in_bytes_not_only_in_entries() {
+    use hearth_proto::{FileInfo, FileKind, ProcInfo};
+    let entry = |name: String| FileInfo {
+        path: format!("/d/{name}"),
+        name,
+        kind: FileKind::File,
+        size: 0,
+        mode: 0o644,
+        mtime: 0,
+        link_target: None,
+    };
+
+    // One entry with a name longer than any path Linux allows.
+    let (c, mut g) = connected().await;
+    let list = tokio::spawn({
+        let c = c.clone();
+        async move { c.list_dir("/d").await }
+    });
+    let (s, _, _) = g.next_request().await;
+    let huge = entry("n".repeat(20_000));
+    g.send(s, GuestMsg::Entries { entries: vec![huge] }, b"").await;
+    let err = list.await.expect("join").expect_err("a 20 KB name");
+    assert!(err.to_string().contains("20000 bytes"), "{err}");
+
+    // Far fewer entries than the count limit, but each as large as allowed: refused at the byte budget (32 MiB)
+    // long before the guest's stream ends, while the daemon holds at most that much.
+    let (c, mut g) = connected().await;
+    let list = tokio::spawn({
+        let c = c.clone();
+        async move { c.list_dir("/d").await }
+    });
+    let (s, _, _) = g.next_request().await;
+    let mut sent = 0usize;
+    let mut batch_no = 0u32;
+    while !list.is_finished() && sent < (64 << 20) {
+        let batch: Vec<FileInfo> = (0..7)
+            .map(|i| entry(format!("{batch_no}-{i}-{}", "x".repeat(4000))))
+            .collect();
+        batch_no += 1;
+        sent += batch.iter().map(|e| e.name.len() + e.path.len()).sum::<usize>();
+        g.try_send(s, GuestMsg::Entries { entries: batch }, b"").await;
+        tokio::task::yield_now().await;
+    }
+    let err = list.await.expect("join").expect_err("a listing of 64 MiB");
+    assert!(err.to_string().contains("MiB"), "{err}");
+    assert!(sent <= 40 << 20, "refused only after {} MiB", sent >> 20);
+
+    // The same for the process table's command lines.
+    let (c, mut g) = connected().await;
+    let procs = tokio::spawn({
+        let c = c.clone();
+        async move { c.list_processes().await }
+    });
+    let (s, _, _) = g.next_request().await;
+    let p = ProcInfo {
+        pid: 1,
+        cmd: "c".repeat(8000),
+        background: true,
+        started_ms: 0,
+        exit: None,
+    };
+    g.send(s, GuestMsg::Procs { procs: vec![p] }, b"").await;
+    let err = procs.await.expect("join").expect_err("an 8 KB command line");
+    assert!(err.to_string().contains("8000 bytes"), "{err}");
+}

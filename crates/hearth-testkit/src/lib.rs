@@ -10,6 +10,11 @@
 //! - [`TestNetns`]: `ip netns add`, removed on drop.
 //! - [`kvm_host`]: a VM with a working `/dev/kvm` (nested SVM under QEMU TCG) running hearthd, Firecracker and
 //!   QEMU+KVM, for tests of what only KVM shows.
+//! - [`hostile_disk`]: disk headers a hostile guest writes to steer the host, and a watched canary host file.
+//! - [`s3`]: real S3-compatible servers (s3s-fs, moto) on 127.0.0.1 for object-storage tests.
+
+pub mod hostile_disk;
+pub mod s3;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::UnixStream;
 
-use crate::{Accel, SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind};
+use crate::{Accel, DiskFormat, SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind};
 
 pub mod api;
 pub mod cgroups;
@@ -692,38 +692,25 @@ impl Vmm for FirecrackerVmm {
         self.version.clone()
     }
 
-    async fn prepare_disk(&self, base: &Path, dest_dir: &Path) -> Result<PathBuf, VmmError> {
+    async fn prepare_disk(
+        &self,
+        base: &Path,
+        format: DiskFormat,
+        dest_dir: &Path,
+    ) -> Result<PathBuf, VmmError> {
         let dest = dest_dir.join("disk.ext4");
-        let out = tokio::process::Command::new("cp")
-            .args(["--reflink=auto", "--sparse=always", "--"])
-            .arg(base)
-            .arg(&dest)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .map_err(|e| VmmError::Disk {
-                path: dest.clone(),
-                detail: format!("running cp: {e}"),
-            })?;
-        if !out.status.success() {
-            let _ = std::fs::remove_file(&dest);
+        // Firecracker's block device is raw bytes and knows no backing files: only a raw base can be copied.
+        if format != DiskFormat::Raw {
             return Err(VmmError::Disk {
-                path: dest,
+                path: base.to_path_buf(),
                 detail: format!(
-                    "cp from {} failed ({}): {}",
-                    base.display(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
+                    "Firecracker disks are raw; a {} base cannot be used",
+                    format.as_str()
                 ),
             });
         }
-        // Templates are read-only; the sandbox's own disk is writable, by its owner only.
-        std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(
-            |source| VmmError::Io {
-                path: dest.clone(),
-                source,
-            },
-        )?;
+        // Templates are read-only; the sandbox's own disk (created 0600) is writable by its owner only.
+        crate::disk::copy_raw(base, &dest).await?;
         Ok(dest)
     }
 

@@ -15,7 +15,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
 
+pub use disk::DiskFormat;
+
 pub mod detect;
+pub mod disk;
 pub mod firecracker;
 pub mod qemu;
 mod tap;
@@ -241,9 +244,25 @@ pub struct SnapshotInfo {
     pub files: Vec<String>,
     /// For [`SnapshotMode::Checkpoint`]: the relative name of the disk copy taken while the VM was stopped.
     pub disk: Option<String>,
+    /// The disk copy's format as the driver wrote it (manifests from before this field: see
+    /// [`SnapshotInfo::disk_format`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_format: Option<DiskFormat>,
     /// Guest memory size and vCPUs the snapshot needs (a restore must use the same shape).
     pub memory_mib: u32,
     pub vcpus: u32,
+}
+
+impl SnapshotInfo {
+    /// The format of the disk copy, from the record: what the driver wrote, or for manifests written before
+    /// the format was recorded, what that driver always wrote (QEMU a qcow2 overlay, Firecracker a raw copy).
+    /// Never read from the file itself.
+    pub fn disk_format(&self) -> DiskFormat {
+        self.disk_format.unwrap_or(match self.kind {
+            VmmKind::Qemu => DiskFormat::Qcow2,
+            VmmKind::Firecracker => DiskFormat::Raw,
+        })
+    }
 }
 
 /// The operations every VMM driver provides.
@@ -254,14 +273,34 @@ pub trait Vmm: Send + Sync {
     /// Version string of the VMM binary (e.g. "QEMU 10.0.2", "Firecracker v1.12.1").
     fn version(&self) -> String;
 
-    /// Creates the sandbox's own disk at `dest` from a template image (raw ext4), copy-on-write where possible
-    /// (QEMU: qcow2 overlay backed by `base`; Firecracker: reflink or sparse copy). Returns the path to give
-    /// [`VmSpec::disk`].
+    /// Creates the sandbox's own disk in `dest_dir` from `base` (a template image, or a checkpoint's disk copy),
+    /// copy-on-write where possible (QEMU: qcow2 overlay backed by `base`; Firecracker: reflink or sparse copy).
+    /// `format` is `base`'s format from hearth's records; the driver never guesses it from the file's bytes,
+    /// which a guest may have written. Returns the path to give [`VmSpec::disk`].
     async fn prepare_disk(
         &self,
         base: &std::path::Path,
+        format: DiskFormat,
         dest_dir: &std::path::Path,
     ) -> Result<PathBuf, VmmError>;
+
+    /// Writes `src` (a checkpoint's disk copy, of the recorded `format`) as a new standalone raw image `dest`
+    /// (a template image), fsynced. The format is named, never probed. Raw sources are copied (sparse or
+    /// reflinked); drivers whose disks are overlays override this to flatten their format.
+    async fn flatten_disk(
+        &self,
+        src: &std::path::Path,
+        format: DiskFormat,
+        dest: &std::path::Path,
+    ) -> Result<(), VmmError> {
+        if format != DiskFormat::Raw {
+            return Err(VmmError::Unsupported {
+                vmm: self.kind().as_str().to_owned(),
+                operation: format!("flattening a {} disk", format.as_str()),
+            });
+        }
+        disk::copy_raw(src, dest).await
+    }
 
     /// Starts the VM process detached from the caller and returns once the process runs (the guest may still be
     /// booting). With [`VmSpec::net`] the tap must already exist in the namespace (a missing one is an error,

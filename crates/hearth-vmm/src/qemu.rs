@@ -68,7 +68,8 @@ use nix::unistd::Pid;
 use tokio::net::UnixStream;
 
 use crate::{
-    Accel, SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind, process_start_ticks,
+    Accel, DiskFormat, SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind,
+    process_start_ticks,
 };
 use qmp::Qmp;
 
@@ -497,7 +498,12 @@ impl Vmm for QemuVmm {
         self.version.clone()
     }
 
-    async fn prepare_disk(&self, base: &Path, dest_dir: &Path) -> Result<PathBuf, VmmError> {
+    async fn prepare_disk(
+        &self,
+        base: &Path,
+        format: DiskFormat,
+        dest_dir: &Path,
+    ) -> Result<PathBuf, VmmError> {
         let disk_err = |path: &Path, detail: String| VmmError::Disk {
             path: path.to_path_buf(),
             detail,
@@ -509,12 +515,18 @@ impl Vmm for QemuVmm {
         if dest.exists() {
             return Err(disk_err(&dest, "already exists".to_string()));
         }
-        let qemu_img = crate::detect::qemu_img_for(&self.binary).ok_or_else(|| VmmError::BinaryMissing {
-            binary: "qemu-img".to_string(),
-            detail: "not found next to QEMU nor on PATH (install qemu-utils)".to_string(),
-        })?;
+        let qemu_img = self.qemu_img()?;
+        if format == DiskFormat::Qcow2 {
+            // A checkpoint's disk copy: hearth wrote its header, but check the chain it names before
+            // qemu-img (as root) or QEMU opens it.
+            crate::disk::check_qcow2_chain(&qemu_img, &base)
+                .await
+                .map_err(|e| disk_err(&base, e))?;
+        }
+        // The base's format is named (-F), never probed: a raw template may begin with any header a guest
+        // wrote. The overlay records it, so QEMU opens the backing file with the same format.
         let out = tokio::process::Command::new(&qemu_img)
-            .args(["create", "-q", "-f", "qcow2", "-F", image_format(&base), "-b"])
+            .args(["create", "-q", "-f", "qcow2", "-F", format.as_str(), "-b"])
             .arg(&base)
             .arg(&dest)
             .stdin(Stdio::null())
@@ -532,6 +544,44 @@ impl Vmm for QemuVmm {
             ));
         }
         Ok(dest)
+    }
+
+    async fn flatten_disk(&self, src: &Path, format: DiskFormat, dest: &Path) -> Result<(), VmmError> {
+        if format == DiskFormat::Raw {
+            return crate::disk::copy_raw(src, dest).await;
+        }
+        let disk_err = |detail: String| VmmError::Disk {
+            path: src.to_path_buf(),
+            detail,
+        };
+        let qemu_img = self.qemu_img()?;
+        crate::disk::check_qcow2_chain(&qemu_img, src)
+            .await
+            .map_err(disk_err)?;
+        // Source format named (-f): the overlay is read as qcow2 over its recorded backing chain and written
+        // out as plain bytes, whatever header the guest put at the start of its disk.
+        let out = tokio::process::Command::new(&qemu_img)
+            .args(["convert", "-q", "-f", format.as_str(), "-O", "raw", "--"])
+            .arg(src)
+            .arg(dest)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| disk_err(format!("{}: {e}", qemu_img.display())))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(dest);
+            return Err(disk_err(format!(
+                "qemu-img convert ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        File::open(dest)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| VmmError::Io {
+                path: dest.to_path_buf(),
+                source,
+            })
     }
 
     async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError> {
@@ -621,6 +671,16 @@ impl Vmm for QemuVmm {
     }
 }
 
+impl QemuVmm {
+    /// `qemu-img` next to the QEMU binary, else on `PATH`.
+    fn qemu_img(&self) -> Result<PathBuf, VmmError> {
+        crate::detect::qemu_img_for(&self.binary).ok_or_else(|| VmmError::BinaryMissing {
+            binary: "qemu-img".to_string(),
+            detail: "not found next to QEMU nor on PATH (install qemu-utils)".to_string(),
+        })
+    }
+}
+
 /// First uid/gid of the range QEMU processes run as (far above any distribution's system and user ids).
 pub const VM_UID_BASE: u32 = 0x4000_0000;
 
@@ -642,15 +702,6 @@ fn disk_arg(spec: &VmSpec) -> PathBuf {
         (Some(dir), Some(name)) if dir == spec.run_dir => PathBuf::from(name),
         _ => spec.disk.clone(),
     }
-}
-
-/// `qcow2` for a qcow2 image (a checkpoint's disk copy, when forking), else `raw` (template images).
-fn image_format(path: &Path) -> &'static str {
-    let mut magic = [0u8; 4];
-    let is_qcow2 = File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| magic == *b"QFI\xfb");
-    if is_qcow2 { "qcow2" } else { "raw" }
 }
 
 /// Process state letter (`R`, `S`, `Z`, ...) from `/proc/<pid>/stat`.

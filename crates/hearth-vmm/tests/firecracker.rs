@@ -15,7 +15,7 @@ async fn prepare_disk_makes_a_sparse_identical_copy() {
     let images = images();
     let sbx = Sandbox::new();
     let disk = vmm()
-        .prepare_disk(&images.rootfs, &sbx.dir)
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
         .await
         .expect("prepare_disk");
     assert_eq!(disk, sbx.dir.join("disk.ext4"));
@@ -40,7 +40,11 @@ async fn prepare_disk_makes_a_sparse_identical_copy() {
 
     // A missing template is a Disk error naming the destination, and leaves no partial file.
     let err = vmm()
-        .prepare_disk(&sbx.dir.join("absent.ext4"), &sbx.dir)
+        .prepare_disk(
+            &sbx.dir.join("absent.ext4"),
+            hearth_vmm::DiskFormat::Raw,
+            &sbx.dir,
+        )
         .await
         .expect_err("missing base");
     assert!(matches!(err, VmmError::Disk { .. }), "{err}");
@@ -54,7 +58,10 @@ async fn start_configures_runs_and_stop_leaves_nothing() {
     assert_eq!(vmm.kind(), VmmKind::Firecracker);
     assert!(vmm.version().starts_with("Firecracker v"), "{}", vmm.version());
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk.clone());
 
     let t0 = Instant::now();
@@ -176,7 +183,10 @@ async fn missing_kernel_fails_with_the_fault_message_and_leaves_nothing() {
     let images = images();
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let mut spec = sbx.spec(&images, disk);
     spec.images.vmlinux = sbx.dir.join("no-such-vmlinux");
 
@@ -247,7 +257,10 @@ async fn adoption_checks_guard_against_pid_reuse_and_dead_vms() {
     let images = images();
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let vm = vmm.start(&sbx.spec(&images, disk)).await.expect("start");
     let _guard = KillOnDrop(vm.clone());
 
@@ -308,7 +321,10 @@ async fn api_socket_ready_time() {
     let mut sockets = Vec::new();
     for _ in 0..3 {
         let sbx = Sandbox::new();
-        let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+        let disk = vmm
+            .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+            .await
+            .expect("disk");
         let t = Instant::now();
         let vm = vmm.start(&sbx.spec(&images, disk)).await.expect("start");
         starts.push(t.elapsed());
@@ -351,7 +367,10 @@ async fn vm_survives_the_death_of_the_process_that_started_it() {
         let run_dir = dir.join("sbx");
         std::fs::create_dir(&run_dir).expect("run dir");
         let vmm = vmm();
-        let disk = vmm.prepare_disk(&images.rootfs, &run_dir).await.expect("disk");
+        let disk = vmm
+            .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &run_dir)
+            .await
+            .expect("disk");
         let spec = hearth_vmm::VmSpec {
             id: "sbx_00000000000000aa".into(),
             vcpus: 1,

@@ -50,7 +50,10 @@ async fn jailed_vm_runs_confined_and_stops_cleanly() {
     let sbx = Sandbox::new();
     let iid = sbx.instance_id();
     let (vmm, cgroup_file, cgroup_value) = jailed_vmm(&iid);
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk.clone());
 
     let t = Instant::now();
@@ -148,7 +151,10 @@ async fn jailed_failure_reports_the_fault_and_removes_the_jail() {
     let sbx = Sandbox::new();
     let iid = sbx.instance_id();
     let (vmm, cgroup_file, _) = jailed_vmm(&iid);
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let mut spec = sbx.spec(&images, disk);
     // Not an ELF: copied into the jail fine, refused by Firecracker at InstanceStart.
     let junk = sbx.tmp.path().join("junk-kernel");
@@ -176,7 +182,10 @@ async fn jailed_snapshot_restores_into_a_fresh_jail() {
     let sbx = Sandbox::new();
     let iid = sbx.instance_id();
     let (vmm, _, _) = jailed_vmm(&iid);
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk);
     let vm = vmm.start(&spec).await.expect("start");
     let guard = KillOnDrop(vm.clone());
@@ -236,7 +245,10 @@ async fn jailed_checkpoint_forks_into_another_jail_through_the_trait() {
     let images = images();
     let sbx = Sandbox::new();
     let (vmm, _, _) = jailed_vmm(&sbx.instance_id());
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk.clone());
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = KillOnDrop(vm.clone());
@@ -277,7 +289,11 @@ async fn jailed_checkpoint_forks_into_another_jail_through_the_trait() {
     let fsbx = Sandbox::new();
     let (fvmm, _, _) = jailed_vmm(&fsbx.instance_id());
     let fdisk = fvmm
-        .prepare_disk(&dir.join(info.disk.as_deref().expect("disk copy")), &fsbx.dir)
+        .prepare_disk(
+            &dir.join(info.disk.as_deref().expect("disk copy")),
+            hearth_vmm::DiskFormat::Raw,
+            &fsbx.dir,
+        )
         .await
         .expect("fork disk");
     let fork = fvmm
@@ -331,7 +347,10 @@ async fn jailed_vm_joins_the_given_network_namespace() {
     let mut cfg = JailerConfig::new(JAIL_ID, JAIL_ID);
     cfg.netns = Some(netns.path());
     let vmm = vmm().with_jailer(cfg);
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let vm = vmm.start(&sbx.spec(&images, disk)).await.expect("start in netns");
     let _guard = KillOnDrop(vm.clone());
     let ns_ino = std::fs::metadata(netns.path()).expect("netns").ino();
@@ -355,7 +374,10 @@ async fn symlinks_planted_in_the_jail_do_not_redirect_the_driver() {
     let sbx = Sandbox::new();
     let iid = sbx.instance_id();
     let (vmm, _, _) = jailed_vmm(&iid);
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let vm = vmm.start(&sbx.spec(&images, disk)).await.expect("start");
     let _guard = KillOnDrop(vm.clone());
 

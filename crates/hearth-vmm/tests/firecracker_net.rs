@@ -48,7 +48,10 @@ async fn assert_configured_with_nic(vmm: &FirecrackerVmm, vm: &VmHandle) {
 async fn start_pause_restore(vmm: &FirecrackerVmm, jailed: bool) {
     let ns = TestNetns::new();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images().rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images().rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = spec_with_net(&sbx, disk.clone(), &ns);
     assert!(!ns.tap_attached());
 
@@ -125,7 +128,10 @@ async fn jailed_nic_in_the_sandbox_namespace_survives_pause_and_resume() {
 async fn no_nic_without_net_and_no_tap_made_when_missing() {
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images().rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images().rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let plain = sbx.spec(&images(), disk.clone());
     let vm = vmm.start(&plain).await.expect("start without a NIC");
     let guard = KillOnDrop(vm.clone());
@@ -147,7 +153,10 @@ async fn no_nic_without_net_and_no_tap_made_when_missing() {
     let ns = TestNetns::new();
     netns_common::ip(&["-n", &ns.name, "link", "del", hearth_net::TAP_NAME]);
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images().rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images().rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let err = vmm
         .start(&spec_with_net(&sbx, disk, &ns))
         .await

@@ -54,7 +54,10 @@ async fn checkpoint_keeps_running_and_restores_twice_next_to_it() {
     let images = images();
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk.clone());
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = KillOnDrop(vm.clone());
@@ -102,7 +105,7 @@ async fn checkpoint_keeps_running_and_restores_twice_next_to_it() {
     for _ in 0..2 {
         let fsbx = Sandbox::new();
         let fdisk = vmm
-            .prepare_disk(&dir.join("disk.ext4"), &fsbx.dir)
+            .prepare_disk(&dir.join("disk.ext4"), hearth_vmm::DiskFormat::Raw, &fsbx.dir)
             .await
             .expect("fork disk");
         let fspec = fsbx.spec(&images, fdisk.clone());
@@ -152,7 +155,10 @@ async fn pause_stops_the_process_and_resume_uses_the_same_disk() {
     let images = images();
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk.clone());
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = KillOnDrop(vm.clone());
@@ -200,7 +206,10 @@ async fn damaged_or_mismatched_snapshots_are_refused_and_leave_nothing() {
     let images = images();
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk.clone());
     let vm = vmm.start(&spec).await.expect("start");
     let _guard = KillOnDrop(vm.clone());
@@ -254,7 +263,10 @@ async fn a_disk_named_like_the_link_is_never_removed() {
     let images = images();
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let made = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let made = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let disk = sbx.dir.join("rootfs.disk");
     std::fs::rename(&made, &disk).expect("rename");
     let spec = sbx.spec(&images, disk.clone());

@@ -14,7 +14,10 @@ async fn pause_snapshot_and_restore_in_a_fresh_process() {
     let images = images();
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk);
     let vm = vmm.start(&spec).await.expect("start");
     let guard = KillOnDrop(vm.clone());
@@ -98,7 +101,10 @@ async fn a_damaged_snapshot_is_refused_and_nothing_is_left() {
     let images = images();
     let vmm = vmm();
     let sbx = Sandbox::new();
-    let disk = vmm.prepare_disk(&images.rootfs, &sbx.dir).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&images.rootfs, hearth_vmm::DiskFormat::Raw, &sbx.dir)
+        .await
+        .expect("disk");
     let spec = sbx.spec(&images, disk);
     let vm = vmm.start(&spec).await.expect("start");
     let guard = KillOnDrop(vm.clone());

@@ -144,11 +144,15 @@ async fn boots_minimal_guest_runs_a_command_and_stops() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("prepare disk");
     assert_eq!(disk, run.path().join("disk.qcow2"));
     // A second prepare must not clobber the first disk.
     assert!(matches!(
-        vmm.prepare_disk(&base, run.path()).await,
+        vmm.prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+            .await,
         Err(VmmError::Disk { .. })
     ));
 
@@ -268,7 +272,10 @@ async fn guest_init_failure_makes_qemu_exit() {
     // A disk that is not ext4: /init cannot mount it, says so and powers off.
     let base = run.path().join("garbage.raw");
     std::fs::write(&base, vec![0xA5u8; 4 << 20]).expect("write base");
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("prepare disk");
     let vm = vmm
         .start(&spec(run.path(), disk, "fail-test"))
         .await
@@ -296,7 +303,10 @@ async fn start_failure_reports_qemu_stderr_and_leaves_nothing() {
     let run = tempfile::tempdir().expect("tempdir");
     let base = run.path().join("base.raw");
     std::fs::write(&base, vec![0u8; 1 << 20]).expect("write base");
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("prepare disk");
     let mut s = spec(run.path(), disk, "x");
     // Without a PVH vmlinux the driver falls back to the bzImage, which QEMU then fails to open.
     s.images.vmlinux = run.path().join("no-such-elf-kernel");
@@ -334,7 +344,10 @@ async fn debian_template_has_python_bash_procps_and_free_space() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/debian.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("prepare disk");
     let mut s = spec(run.path(), disk, "debian-test");
     s.memory_mib = 512;
     let vm = vmm.start(&s).await.expect("start");
@@ -383,7 +396,10 @@ async fn checkpoint_pause_resume_and_fork() {
     let vmm = QemuVmm::locate(Accel::Tcg).expect("qemu installed");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("prepare disk");
     let s = spec(run.path(), disk.clone(), "snap-test");
     let vm = vmm.start(&s).await.expect("start");
     let mut guard = Guard {
@@ -452,7 +468,11 @@ async fn checkpoint_pause_resume_and_fork() {
     // Fork from the checkpoint, next to the resumed VM: its own disk over the checkpoint's copy.
     let run_fork = tempfile::tempdir().expect("tempdir");
     let fork_disk = vmm
-        .prepare_disk(&ck.join("disk.qcow2"), run_fork.path())
+        .prepare_disk(
+            &ck.join("disk.qcow2"),
+            hearth_vmm::DiskFormat::Qcow2,
+            run_fork.path(),
+        )
         .await
         .expect("fork disk");
     let mut sf = spec(run_fork.path(), fork_disk, "fork-test");
@@ -499,7 +519,10 @@ async fn pvh_and_bzimage_boots_share_snapshots() {
     );
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = bz.prepare_disk(&base, run.path()).await.expect("prepare disk");
+    let disk = bz
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("prepare disk");
     let s = spec(run.path(), disk.clone(), "pvh-test");
     let snaps = tempfile::tempdir().expect("tempdir");
 

@@ -204,7 +204,10 @@ async fn guest_reaches_a_test_host_through_its_tap_and_again_after_resume() {
 
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let spec = spec_in(run.path(), disk.clone(), "sbx_00000000000000ee", &ns);
     let vm = vmm.start(&spec).await.expect("start");
     let mut guard = Guard {
@@ -311,7 +314,10 @@ async fn a_fork_in_another_namespace_reaches_that_namespace_while_the_original_r
 
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let vm = vmm
         .start(&spec_in(run.path(), disk.clone(), "sbx_00000000000000f0", &ns_a))
         .await
@@ -332,7 +338,10 @@ async fn a_fork_in_another_namespace_reaches_that_namespace_while_the_original_r
     let ck_disk = snap.path().join(info.disk.as_deref().expect("checkpoint disk"));
 
     let frun = tempfile::tempdir().expect("tempdir");
-    let fdisk = vmm.prepare_disk(&ck_disk, frun.path()).await.expect("fork disk");
+    let fdisk = vmm
+        .prepare_disk(&ck_disk, hearth_vmm::DiskFormat::Qcow2, frun.path())
+        .await
+        .expect("fork disk");
     let fork = vmm
         .restore(
             &spec_in(frun.path(), fdisk, "sbx_00000000000000f1", &ns_b),
@@ -381,7 +390,10 @@ async fn a_debian_guest_uses_the_network_from_python() {
     let served = serve_http(&ns.path, "debian");
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/debian.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let vm = vmm
         .start(&spec_in(run.path(), disk, "sbx_00000000000000d3", &ns))
         .await
@@ -417,7 +429,10 @@ async fn a_missing_tap_fails_the_start() {
     let ns = TestNetns::new();
     let run = tempfile::tempdir().expect("tempdir");
     let base = require(images_dir().join("rootfs/minimal.ext4"));
-    let disk = vmm.prepare_disk(&base, run.path()).await.expect("disk");
+    let disk = vmm
+        .prepare_disk(&base, hearth_vmm::DiskFormat::Raw, run.path())
+        .await
+        .expect("disk");
     let mut spec = spec_in(run.path(), disk, "sbx_00000000000000ef", &ns);
     if let Some(net) = spec.net.as_mut() {
         net.tap = "tap9".into();

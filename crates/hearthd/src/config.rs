@@ -66,6 +66,10 @@ pub struct Args {
     /// Seconds a new sandbox's guest agent has to answer. Default 120 under TCG, 20 under KVM.
     #[arg(long, env = "HEARTH_READY_TIMEOUT_S")]
     pub ready_timeout_s: Option<u64>,
+    /// Seconds a running sandbox's guest agent may fail to answer the health watcher's pings before the
+    /// sandbox is marked failed. Default 30 under TCG, 10 under KVM.
+    #[arg(long, env = "HEARTH_AGENT_UNRESPONSIVE_S")]
+    pub agent_unresponsive_s: Option<u64>,
     /// Sandbox networking: `auto` turns it on when the daemon can (root, /dev/net/tun, the `nft` tool), `on`
     /// requires it, `off` gives sandboxes no network device.
     #[arg(long, env = "HEARTH_NETWORK", value_enum, default_value_t = NetworkChoice::Auto)]
@@ -193,6 +197,15 @@ pub fn ready_timeout(flag: Option<u64>, accel: hearth_vmm::Accel) -> Duration {
         hearth_vmm::Accel::Kvm => 20,
     });
     Duration::from_secs(secs.max(1))
+}
+
+/// How long an agent may stay silent: the flag if given, else a default that fits the acceleration in use.
+pub fn agent_unresponsive(flag: Option<u64>, accel: hearth_vmm::Accel) -> Duration {
+    let secs = flag.unwrap_or(match accel {
+        hearth_vmm::Accel::Tcg => 30,
+        hearth_vmm::Accel::Kvm => 10,
+    });
+    Duration::from_secs(secs.max(2))
 }
 
 /// The first `nameserver` of a resolv.conf text, as a socket address on port 53.

@@ -205,8 +205,36 @@ fn private_dir(path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", path.display()))
 }
 
+/// Raises the soft limit on open descriptors to the hard limit: every sandbox holds a few (agent channel,
+/// sockets of its network services), and the default soft limit of 1024 would cap the host at a few hundred
+/// sandboxes or let one busy guest run the daemon out. Returns the limit in force.
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed in.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+    }
+    lim.rlim_cur
+}
+
 /// Runs the daemon until SIGTERM or SIGINT. VMs are left running for the next start to adopt.
 pub async fn serve(args: Args) -> anyhow::Result<()> {
+    let fd_limit = raise_fd_limit();
+    tracing::info!(limit = fd_limit, "open file limit");
     // Absolute paths: the VMMs run in other working directories (QEMU chroots), and the paths are stored.
     let mut args = args;
     args.data_dir = std::path::absolute(&args.data_dir).context("resolving --data-dir")?;
@@ -236,6 +264,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         paths: paths.clone(),
         default_template: args.default_template.clone(),
         ready_timeout,
+        agent_unresponsive: config::agent_unresponsive(args.agent_unresponsive_s, vmm.accel()),
     };
     let mut info = info;
     let networking = build_networking(&args, &mut info.checks)?;

@@ -66,7 +66,13 @@ pub fn command_run(kind: &'static str) {
     metrics::counter!("hearth_commands_total", "kind" => kind).increment(1);
 }
 
-pub fn http_request(route: String, method: String, status: u16) {
+/// Counts one answered request. The method label is one of the standard methods or `other`: a client may send
+/// any token as its method, and every distinct label value is kept in memory for good.
+pub fn http_request(route: String, method: &str, status: u16) {
+    const KNOWN: [&str; 9] = [
+        "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT", "TRACE",
+    ];
+    let method = KNOWN.iter().find(|m| **m == method).copied().unwrap_or("other");
     metrics::counter!("hearth_http_requests_total", "route" => route, "method" => method,
         "status" => status.to_string())
     .increment(1);

@@ -1,6 +1,7 @@
 //! Background tasks: the TTL reaper (destroys, or with `on_timeout: pause` pauses, sandboxes whose `end_at`
-//! passed; `end_at` is persisted, so this works across restarts) and the health watcher (marks a sandbox `failed` when its VM process died or its
-//! agent channel closed and could not be re-established).
+//! passed; `end_at` is persisted, so this works across restarts) and the health watcher (marks a sandbox
+//! `failed` when its VM process died, its agent channel closed and could not be re-established, or its agent
+//! stopped answering pings for `Settings::agent_unresponsive`, e.g. a guest so overloaded that nothing runs).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -9,10 +10,12 @@ use std::time::Duration;
 use hearth_api::OnTimeout;
 
 use crate::service::agent::RECONNECT_WINDOW;
-use crate::service::{Sandboxes, now_ms};
+use crate::service::{Sandboxes, ServiceError, now_ms};
 
 const REAP_EVERY: Duration = Duration::from_secs(1);
 const WATCH_EVERY: Duration = Duration::from_secs(2);
+/// One health ping may take this long before it counts as unanswered.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Ids with a task in flight, so that a slow destroy or reconnect is not started twice.
 #[derive(Default, Clone)]
@@ -119,11 +122,38 @@ async fn check_one(svc: &Sandboxes, live: &crate::service::Live) {
             }
         }
     } else {
-        Ok(())
+        ping(svc, live).await
     };
     if let Err(e) = result {
         tracing::warn!(sandbox = %live.id, error = %e, "health watcher");
     }
+}
+
+/// Pings a connected agent; fails the sandbox once its agent has not answered for the configured time. An
+/// operation that stops the VM on purpose (pause, checkpoint) holds the sandbox's lock: no ping then.
+async fn ping(svc: &Sandboxes, live: &crate::service::Live) -> Result<(), ServiceError> {
+    let Some(client) = live.current() else {
+        return Ok(());
+    };
+    if svc.op_lock(&live.id).try_lock().is_err() {
+        live.clear_silence();
+        return Ok(());
+    }
+    let answered = tokio::time::timeout(PING_TIMEOUT, client.ping()).await;
+    if matches!(answered, Ok(Ok(()))) {
+        live.clear_silence();
+        return Ok(());
+    }
+    let silent = live.note_silence();
+    tracing::debug!(sandbox = %live.id, secs = silent.as_secs(), "agent did not answer a ping");
+    if silent < svc.settings.agent_unresponsive || !still_live(svc, live) {
+        return Ok(());
+    }
+    let reason = format!(
+        "the guest agent has not answered for {} s (the guest is hung or overloaded)",
+        silent.as_secs()
+    );
+    svc.fail(&live.id, &reason).await
 }
 
 /// True while `live` is still the registered live record (not destroyed meanwhile).

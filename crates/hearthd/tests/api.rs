@@ -36,7 +36,12 @@ impl Vmm for FakeVmm {
     fn version(&self) -> String {
         "fake 0".into()
     }
-    async fn prepare_disk(&self, _base: &Path, dest_dir: &Path) -> Result<PathBuf, VmmError> {
+    async fn prepare_disk(
+        &self,
+        _base: &Path,
+        _format: hearth_vmm::DiskFormat,
+        dest_dir: &Path,
+    ) -> Result<PathBuf, VmmError> {
         let disk = dest_dir.join("disk.img");
         std::fs::write(&disk, b"disk").map_err(|source| VmmError::Io {
             path: disk.clone(),
@@ -96,6 +101,7 @@ impl Fixture {
             paths,
             default_template: "minimal".into(),
             ready_timeout: Duration::from_secs(5),
+            agent_unresponsive: Duration::from_secs(3),
         };
         let info = VmmInfo {
             reason: "test".into(),
@@ -573,6 +579,19 @@ async fn system_report_and_metrics() {
     assert_eq!(info.capacity.sandboxes_running, 1);
     assert_eq!(info.capacity.memory_mib_allocated, 256);
     assert!(info.capacity.host_cpus >= 1 && info.capacity.host_memory_mib > 0);
+    // Made-up methods (a client may send any token) share one label value instead of adding one each.
+    for method in ["BREW1", "BREW2", "BREW3"] {
+        let (status, _) = f
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri("/v1/nowhere")
+                    .body(Body::empty())
+                    .expect("request"),
+            )
+            .await;
+        assert!(status.is_client_error(), "{method}: {status}");
+    }
     let (_, metrics) = f
         .send(
             Request::builder()
@@ -584,6 +603,8 @@ async fn system_report_and_metrics() {
     let metrics = String::from_utf8_lossy(&metrics);
     assert!(metrics.contains("hearth_http_requests_total"), "{metrics}");
     assert!(metrics.contains("route=\"/v1/system\""), "{metrics}");
+    assert!(!metrics.contains("BREW"), "{metrics}");
+    assert!(metrics.contains("method=\"other\""), "{metrics}");
     assert!(
         metrics.contains("hearth_sandboxes{state=\"running\"}"),
         "{metrics}"

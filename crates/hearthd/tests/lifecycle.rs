@@ -70,6 +70,39 @@ async fn watcher_fails_a_sandbox_whose_vm_died() {
 }
 
 #[tokio::test]
+async fn watcher_fails_a_sandbox_whose_agent_stops_answering() {
+    let f = fixture(10);
+    tokio::spawn(hearthd::reaper::watcher(f.svc.clone()));
+    let sbx = f.svc.create(create_req(60)).await.expect("create");
+    let quiet = f.svc.clone();
+    let id = sbx.id.clone();
+    // Answering agents keep the sandbox running past the silence limit (3 s here).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(quiet.get(&id).expect("get").state, SandboxState::Running);
+    // The channel stays open but nothing answers: failed once the limit has passed, with the reason.
+    f.vmm.mute_pings.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    assert!(
+        wait_for(
+            move || quiet.get(&id).is_ok_and(|s| s.state == SandboxState::Failed),
+            20
+        )
+        .await
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(3),
+        "failed after {took:?}, before the limit"
+    );
+    let s = f.svc.get(&sbx.id).expect("get");
+    assert!(
+        s.error.as_deref().is_some_and(|e| e.contains("has not answered")),
+        "{:?}",
+        s.error
+    );
+}
+
+#[tokio::test]
 async fn watcher_fails_a_sandbox_whose_agent_channel_is_gone_for_good() {
     // One connection for create, none after: the channel cannot be re-established.
     let f = fixture(1);

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use base64::Engine;
 use common::{Daemon, VM_LOCK, template_built, wait_until};
 use rand::RngCore;
 use reqwest::{Method, StatusCode};
@@ -156,6 +157,56 @@ async fn commands_files_and_isolation() {
         (status, v["exit_code"].as_i64(), v["stdout"].as_str()),
         (StatusCode::OK, Some(0), Some("got-hi\n"))
     );
+    // A streamed (foreground) command with `keep_stdin_open` reads what `.../stdin` sends while its output
+    // streams; without the flag its stdin is empty.
+    let r = d.run(&a, json!({"cmd": "cat; echo end"})).await;
+    assert_eq!(r.stdout, "end\n", "stdin is empty by default");
+    let mut resp = d
+        .req(Method::POST, &format!("/v1/sandboxes/{a}/commands"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"cmd": "read line; echo got-$line; cat", "keep_stdin_open": true, "stdin": "one\n"}))
+        .send()
+        .await
+        .expect("streamed command");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut text = String::new();
+    let pid = loop {
+        let chunk = resp.chunk().await.expect("chunk").expect("stream open");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(p) = text.find("\"pid\":") {
+            let digits: String = text[p + 6..].chars().take_while(char::is_ascii_digit).collect();
+            if !digits.is_empty() && text[p + 6 + digits.len()..].starts_with('}') {
+                break digits.parse::<u64>().expect("pid");
+            }
+        }
+    };
+    let stdin = d
+        .req(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/processes/{pid}/stdin?eof=true"),
+        )
+        .body("two\n")
+        .send()
+        .await
+        .expect("stdin");
+    assert_eq!(stdin.status(), StatusCode::NO_CONTENT);
+    while let Some(chunk) = resp.chunk().await.expect("chunk") {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let out: Vec<u8> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter(|v| v["type"] == "stdout")
+        .flat_map(|v| {
+            base64::engine::general_purpose::STANDARD
+                .decode(v["data_b64"].as_str().unwrap_or(""))
+                .expect("base64")
+        })
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&out), "got-one\ntwo\n", "{text}");
+    assert!(text.contains("\"exit_code\":0"), "{text}");
+
     let path = format!("/v1/sandboxes/{a}/processes/{sleeper}/wait?timeout_s=1");
     let (status, v) = d.call(Method::POST, &path, None).await;
     assert_eq!(

@@ -28,6 +28,7 @@ pub fn build_request(a: &ExecArgs) -> RunCommandRequest {
         env: a.env.iter().cloned().collect(),
         cwd: a.cwd.clone(),
         stdin: None,
+        keep_stdin_open: false,
         timeout_s: a.timeout,
         background: a.background,
     }

@@ -24,25 +24,24 @@ use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-pub use upstream::{DEFAULT_TIMEOUT, ResolveError, Upstream};
+pub use upstream::{DEFAULT_TIMEOUT, ResolveError, Upstream, decode_reply};
 
 use crate::ctx::SandboxNetCtx;
+use crate::limits::{DNS_TCP_CONNECTION_FDS, RefusalLog};
 use crate::policy::{Decision, reason};
 
 /// Queries one resolver handles at once; more are dropped (the guest retries).
 const MAX_IN_FLIGHT: usize = 64;
 /// Answers carry at most this many addresses.
-const MAX_ANSWERS: usize = 16;
+pub const MAX_ANSWERS: usize = 16;
 /// TTL of private-network answers (peers come and go).
 const PRIVATE_TTL: u32 = 5;
 /// Longest TTL handed to the guest.
 const MAX_TTL: u32 = 60;
-/// DNS-over-TCP connections served at once.
-const MAX_TCP_CONNECTIONS: usize = 16;
 /// Queries answered on one TCP connection.
-const MAX_TCP_QUERIES: usize = 64;
+pub const MAX_TCP_QUERIES: usize = 64;
 /// A TCP connection idle this long is closed.
-const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+pub const TCP_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Denied addresses logged per query (a hostile upstream could return hundreds).
 const MAX_DENIED_LOGGED: usize = 4;
 
@@ -74,12 +73,9 @@ pub fn spawn_resolver(
                     continue;
                 }
             };
-            let Ok(request) = Message::from_vec(&buf[..len]) else {
+            let Some(request) = parse_query(&buf[..len]) else {
                 continue;
             };
-            if request.metadata.message_type != MessageType::Query {
-                continue;
-            }
             let Ok(permit) = in_flight.clone().try_acquire_owned() else {
                 continue;
             };
@@ -96,7 +92,9 @@ pub fn spawn_resolver(
 }
 
 /// Serves DNS over TCP (RFC 7766 framing) on `listener` (bound in the sandbox namespace), for clients that fall
-/// back to TCP. Same answers as over UDP. Must be called inside a Tokio runtime.
+/// back to TCP. Same answers as over UDP. At most [`crate::limits::NetLimits::dns_tcp_per_sandbox`] connections
+/// at once, each taking a descriptor from the shared budget, [`MAX_TCP_QUERIES`] queries each, closed after
+/// [`TCP_IDLE`] without a query; connections beyond are reset at once. Must be called inside a Tokio runtime.
 pub fn spawn_tcp_resolver(
     listener: std::net::TcpListener,
     ctx: Arc<SandboxNetCtx>,
@@ -113,22 +111,44 @@ pub fn spawn_tcp_resolver(
                 return;
             }
         };
-        let connections = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
+        let connections = Arc::new(Semaphore::new(ctx.limits.dns_tcp_per_sandbox.max(1)));
+        let refusals = RefusalLog::default();
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
             let Ok(permit) = connections.clone().try_acquire_owned() else {
+                refuse(stream, &ctx, &refusals, "sandbox");
+                continue;
+            };
+            let Some(fds) = ctx.limits.budget.try_take(DNS_TCP_CONNECTION_FDS) else {
+                refuse(stream, &ctx, &refusals, "global");
                 continue;
             };
             let (ctx, upstream) = (ctx.clone(), upstream.clone());
             tokio::spawn(async move {
                 serve_tcp(stream, &ctx, &upstream).await;
-                drop(permit);
+                drop((permit, fds));
             });
         }
     })
+}
+
+/// Resets a DNS-over-TCP connection over a limit at once (no task, no `TIME_WAIT`); logged at most once a
+/// second.
+fn refuse(stream: tokio::net::TcpStream, ctx: &SandboxNetCtx, refusals: &RefusalLog, limit: &'static str) {
+    if refusals.refused("dns_tcp", limit) {
+        tracing::warn!(sandbox = %ctx.id, limit, "DNS-over-TCP at its connection limit");
+        ctx.audit.record(
+            NetProtocol::Dns,
+            None,
+            None,
+            None,
+            &Decision::denied(reason::CONNECTION_LIMIT),
+        );
+    }
+    let _ = stream.set_zero_linger();
 }
 
 /// Answers length-prefixed queries on one connection until the client closes, sends garbage or idles.
@@ -144,12 +164,9 @@ async fn serve_tcp(mut stream: tokio::net::TcpStream, ctx: &SandboxNetCtx, upstr
         })
         .await;
         let Ok(Ok(buf)) = read else { return };
-        let Ok(request) = Message::from_vec(&buf) else {
+        let Some(request) = parse_query(&buf) else {
             return;
         };
-        if request.metadata.message_type != MessageType::Query {
-            return;
-        }
         let reply = answer(&request, ctx, upstream).await;
         let Some(bytes) = encode(&request, reply, usize::from(u16::MAX)) else {
             return;
@@ -165,7 +182,7 @@ async fn serve_tcp(mut stream: tokio::net::TcpStream, ctx: &SandboxNetCtx, upstr
 
 /// The largest UDP reply the client accepts: 512 bytes without EDNS, else what it advertises (up to 1232, the
 /// size that avoids fragmentation).
-fn udp_limit(request: &Message) -> usize {
+pub fn udp_limit(request: &Message) -> usize {
     match &request.edns {
         Some(e) => usize::from(e.max_payload()).clamp(512, 1232),
         None => 512,
@@ -174,7 +191,7 @@ fn udp_limit(request: &Message) -> usize {
 
 /// `reply` encoded, with an OPT record if the request had one, and addresses dropped from the end until it fits
 /// in `limit` bytes.
-fn encode(request: &Message, mut reply: Message, limit: usize) -> Option<Vec<u8>> {
+pub fn encode(request: &Message, mut reply: Message, limit: usize) -> Option<Vec<u8>> {
     if request.edns.is_some() {
         let mut edns = Edns::new();
         edns.set_max_payload(1232);
@@ -189,18 +206,55 @@ fn encode(request: &Message, mut reply: Message, limit: usize) -> Option<Vec<u8>
     }
 }
 
+/// A guest datagram (or TCP message) decoded, if it is a query; anything else is ignored.
+pub fn parse_query(bytes: &[u8]) -> Option<Message> {
+    let request = Message::from_vec(bytes).ok()?;
+    (request.metadata.message_type == MessageType::Query).then_some(request)
+}
+
+/// What the resolver does with a query.
+#[derive(Debug)]
+pub enum Plan {
+    /// Answer at once (refused, not implemented, a private-network name, a type that is not looked up...).
+    Reply(Message),
+    /// Look `name` up upstream as `rtype` (A or AAAA), which `decision` allows; then [`finish`] the reply.
+    Lookup {
+        reply: Message,
+        name: String,
+        rtype: RecordType,
+        decision: Decision,
+    },
+}
+
 /// The reply to `request` (a decoded query).
 pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream) -> Message {
+    match plan(request, ctx) {
+        Plan::Reply(reply) => reply,
+        Plan::Lookup {
+            reply,
+            name,
+            rtype,
+            decision,
+        } => {
+            let result = upstream.lookup(&name, rtype).await;
+            finish(reply, &name, &decision, result, ctx)
+        }
+    }
+}
+
+/// Decides a query without any I/O (every decision but the upstream's answer is taken here); audit entries
+/// of the decisions that end here are recorded.
+pub fn plan(request: &Message, ctx: &SandboxNetCtx) -> Plan {
     let mut reply = Message::response(request.metadata.id, request.metadata.op_code);
     reply.metadata.recursion_desired = request.metadata.recursion_desired;
     reply.metadata.recursion_available = true;
     if request.metadata.op_code != OpCode::Query {
         reply.metadata.response_code = ResponseCode::NotImp;
-        return reply;
+        return Plan::Reply(reply);
     }
     if request.queries.len() != 1 {
         reply.metadata.response_code = ResponseCode::FormErr;
-        return reply;
+        return Plan::Reply(reply);
     }
     let query = &request.queries[0];
     reply.add_query(query.clone());
@@ -214,7 +268,7 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
             None,
             &Decision::denied(reason::DNS_BLOCKED),
         );
-        return reply;
+        return Plan::Reply(reply);
     };
     if query.query_class() != DNSClass::IN {
         reply.metadata.response_code = ResponseCode::Refused;
@@ -225,36 +279,12 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
             Some(&name),
             &Decision::denied(reason::DNS_BLOCKED),
         );
-        return reply;
+        return Plan::Reply(reply);
     }
     let rtype = query.query_type();
 
     if name == "internal" || name.ends_with(".internal") {
-        match ctx.private_addr(&name) {
-            Some(addr) => {
-                if rtype == RecordType::A {
-                    reply.add_answer(Record::from_rdata(qname.clone(), PRIVATE_TTL, RData::A(A(addr))));
-                }
-                ctx.audit.record(
-                    NetProtocol::Dns,
-                    Some(IpAddr::V4(addr)),
-                    None,
-                    Some(&name),
-                    &Decision::allowed(reason::PRIVATE_PEER),
-                );
-            }
-            None => {
-                reply.metadata.response_code = ResponseCode::NXDomain;
-                ctx.audit.record(
-                    NetProtocol::Dns,
-                    None,
-                    None,
-                    Some(&name),
-                    &Decision::denied(reason::UNRESOLVABLE),
-                );
-            }
-        }
-        return reply;
+        return Plan::Reply(private_answer(reply, &name, rtype, ctx));
     }
 
     let policy = ctx.policy();
@@ -263,15 +293,63 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
         reply.metadata.response_code = ResponseCode::Refused;
         ctx.audit
             .record(NetProtocol::Dns, None, None, Some(&name), &decision);
-        return reply;
+        return Plan::Reply(reply);
     }
     if rtype != RecordType::A && rtype != RecordType::AAAA {
         // Allowed name, but only addresses are looked up: nothing else leaves through the resolver.
         ctx.audit
             .record(NetProtocol::Dns, None, None, Some(&name), &decision);
-        return reply;
+        return Plan::Reply(reply);
     }
-    let addrs = match upstream.lookup(&name, rtype).await {
+    Plan::Lookup {
+        reply,
+        name,
+        rtype,
+        decision,
+    }
+}
+
+/// A `*.internal` name answered from the sandbox's private-network names.
+fn private_answer(mut reply: Message, name: &str, rtype: RecordType, ctx: &SandboxNetCtx) -> Message {
+    match ctx.private_addr(name) {
+        Some(addr) => {
+            if rtype == RecordType::A
+                && let Some(qname) = reply.queries.first().map(|q| q.name().clone())
+            {
+                reply.add_answer(Record::from_rdata(qname, PRIVATE_TTL, RData::A(A(addr))));
+            }
+            ctx.audit.record(
+                NetProtocol::Dns,
+                Some(IpAddr::V4(addr)),
+                None,
+                Some(name),
+                &Decision::allowed(reason::PRIVATE_PEER),
+            );
+        }
+        None => {
+            reply.metadata.response_code = ResponseCode::NXDomain;
+            ctx.audit.record(
+                NetProtocol::Dns,
+                None,
+                None,
+                Some(name),
+                &Decision::denied(reason::UNRESOLVABLE),
+            );
+        }
+    }
+    reply
+}
+
+/// The reply of a [`Plan::Lookup`] once the upstream answered `result`: the addresses that are not always
+/// denied (at most [`MAX_ANSWERS`]), or the upstream's failure.
+pub fn finish(
+    mut reply: Message,
+    name: &str,
+    decision: &Decision,
+    result: Result<Vec<IpAddr>, ResolveError>,
+    ctx: &SandboxNetCtx,
+) -> Message {
+    let addrs = match result {
         Ok(addrs) => addrs,
         Err(e) => {
             reply.metadata.response_code = match e {
@@ -283,12 +361,13 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
                 NetProtocol::Dns,
                 None,
                 None,
-                Some(&name),
+                Some(name),
                 &Decision::denied(reason::UNRESOLVABLE),
             );
             return reply;
         }
     };
+    let policy = ctx.policy();
     let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) = addrs
         .into_iter()
         .partition(|ip| policy.decide_addr(*ip, &ctx.extra_denied).reason != reason::ALWAYS_DENIED);
@@ -297,7 +376,7 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
             NetProtocol::Dns,
             Some(*ip),
             None,
-            Some(&name),
+            Some(name),
             &Decision::denied(reason::RESOLVES_TO_DENIED),
         );
     }
@@ -306,10 +385,13 @@ pub async fn answer(request: &Message, ctx: &SandboxNetCtx, upstream: &Upstream)
             NetProtocol::Dns,
             kept.first().copied(),
             None,
-            Some(&name),
-            &decision,
+            Some(name),
+            decision,
         );
     }
+    let Some(qname) = reply.queries.first().map(|q| q.name().clone()) else {
+        return reply;
+    };
     for ip in kept.into_iter().take(MAX_ANSWERS) {
         let data = match ip {
             IpAddr::V4(v4) => RData::A(A(v4)),

@@ -54,6 +54,9 @@ pub struct Upstream {
     netns: PathBuf,
     timeout: Duration,
     cache: Mutex<HashMap<CacheKey, (Instant, Vec<IpAddr>)>>,
+    /// One socket per exchange in flight, at most [`crate::limits::UPSTREAM_SOCKETS`] across every sandbox;
+    /// further lookups wait their turn (within their timeout).
+    sockets: tokio::sync::Semaphore,
 }
 
 impl Upstream {
@@ -65,6 +68,7 @@ impl Upstream {
             netns: netns.into(),
             timeout: DEFAULT_TIMEOUT,
             cache: Mutex::new(HashMap::new()),
+            sockets: tokio::sync::Semaphore::new(crate::limits::UPSTREAM_SOCKETS),
         }
     }
 
@@ -140,6 +144,14 @@ impl Upstream {
             SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
             SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
         };
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let timeout = || ResolveError::Timeout {
+            name: name.to_owned(),
+        };
+        let _socket_slot = tokio::time::timeout_at(deadline, self.sockets.acquire())
+            .await
+            .map_err(|_| timeout())?
+            .map_err(|_| timeout())?;
         let ns = self.netns.clone();
         let std_socket = tokio::task::spawn_blocking(move || crate::netns::udp_socket(&ns, bind))
             .await
@@ -155,7 +167,6 @@ impl Upstream {
             name: name.to_owned(),
         })?;
 
-        let deadline = tokio::time::Instant::now() + self.timeout;
         let mut buf = vec![0u8; 4096];
         loop {
             socket.send(&bytes).await?;
@@ -168,24 +179,22 @@ impl Upstream {
                     Ok(Err(_)) => continue,
                     Err(_) => break,
                 };
-                let Some(reply) = matching_reply(&buf[..len], id, qname, rtype) else {
+                let Some(reply) = decode_reply(&buf[..len], id, qname, rtype) else {
                     continue;
                 };
-                return match reply.metadata.response_code {
-                    ResponseCode::NoError => Ok(addresses(&reply, qname, rtype)),
-                    ResponseCode::NXDomain => Err(ResolveError::NxDomain {
+                return match reply {
+                    Ok(found) => Ok(found),
+                    Err(ResponseCode::NXDomain) => Err(ResolveError::NxDomain {
                         name: name.to_owned(),
                     }),
-                    code => Err(ResolveError::Failed {
+                    Err(code) => Err(ResolveError::Failed {
                         name: name.to_owned(),
                         code,
                     }),
                 };
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(ResolveError::Timeout {
-                    name: name.to_owned(),
-                });
+                return Err(timeout());
             }
         }
     }
@@ -215,6 +224,23 @@ impl Upstream {
             ),
         );
     }
+}
+
+/// An upstream datagram read as the answer to the query `id` for `qname`/`rtype`: `None` if it is not that
+/// answer (another id, not a response, another question, undecodable: ignored, so a spoofed or stale datagram
+/// cannot inject addresses); otherwise the addresses and their smallest TTL ([`addresses`]), or the error code.
+/// The upstream is not the guest, but a name the policy allows can be served by a zone the guest controls.
+pub fn decode_reply(
+    bytes: &[u8],
+    id: u16,
+    qname: &Name,
+    rtype: RecordType,
+) -> Option<Result<(Vec<IpAddr>, u32), ResponseCode>> {
+    let reply = matching_reply(bytes, id, qname, rtype)?;
+    Some(match reply.metadata.response_code {
+        ResponseCode::NoError => Ok(addresses(&reply, qname, rtype)),
+        code => Err(code),
+    })
 }
 
 /// `bytes` decoded, if it is the answer to our query: same id, a response, our question and only it.

@@ -218,11 +218,12 @@ pub fn http_host(buf: &[u8]) -> Sniff {
             no
         };
     };
-    let Ok(head) = std::str::from_utf8(&buf[..end]) else {
+    // Header values other than Host may hold any byte a server accepts (obs-text): only the request line and
+    // the Host value must be text.
+    let mut lines = split_crlf(&buf[..end]);
+    let Ok(request_line) = std::str::from_utf8(lines.next().unwrap_or_default()) else {
         return no;
     };
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or_default();
     let mut parts = request_line.split(' ');
     let (Some(_method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -234,16 +235,19 @@ pub fn http_host(buf: &[u8]) -> Sniff {
     }
     let mut host = None;
     for line in lines {
-        if line.starts_with([' ', '\t']) {
+        if line.starts_with(b" ") || line.starts_with(b"\t") {
             return no; // obsolete line folding: refuse to guess
         }
-        let Some((name, value)) = line.split_once(':') else {
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
             return no;
         };
-        if name.eq_ignore_ascii_case("host") {
+        if line[..colon].eq_ignore_ascii_case(b"host") {
             if host.is_some() {
                 return no; // two Host headers: ambiguous
             }
+            let Ok(value) = std::str::from_utf8(&line[colon + 1..]) else {
+                return no;
+            };
             host = Some(value.trim_matches([' ', '\t']));
         }
     }
@@ -280,6 +284,24 @@ fn host_of_authority(authority: &str) -> Option<String> {
         None => authority,
     };
     guest_hostname(host)
+}
+
+/// The CRLF-separated lines of `head`.
+fn split_crlf(head: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(head);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        match find(r, b"\r\n") {
+            Some(i) => {
+                rest = r.get(i + 2..);
+                r.get(..i)
+            }
+            None => {
+                rest = None;
+                Some(r)
+            }
+        }
+    })
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -408,6 +430,15 @@ mod tests {
         for req in no_name {
             assert_eq!(sniff(req.as_bytes()), Sniff::NoName { http: true }, "{req:?}");
         }
+        // Latin-1 in another header's value (obs-text) does not hide the Host; in the Host it is no name.
+        assert_eq!(
+            sniff(b"GET / HTTP/1.1\r\nX-Name: caf\xe9\r\nHost: example.com\r\n\r\n"),
+            Sniff::Http("example.com".into())
+        );
+        assert_eq!(
+            sniff(b"GET / HTTP/1.1\r\nHost: caf\xe9.com\r\n\r\n"),
+            Sniff::NoName { http: true }
+        );
         assert_eq!(sniff(b"SSH-2.0-OpenSSH_9.2\r\n"), Sniff::NoName { http: false });
         assert_eq!(sniff(b"\x00\x01binary"), Sniff::NoName { http: false });
         assert_eq!(

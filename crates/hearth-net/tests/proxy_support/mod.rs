@@ -93,11 +93,16 @@ pub struct TestDns {
 impl TestDns {
     /// Serves `zone` (name -> addresses) on `addr` inside `ns`; other names get NXDOMAIN.
     pub fn start(ns: &Netns, addr: SocketAddr, zone: &[(&str, &[&str])]) -> TestDns {
+        TestDns::start_in(&ns.path(), addr, zone)
+    }
+
+    /// Serves `zone` on `addr` inside the namespace at `ns` (any test namespace, e.g. a fake internet's).
+    pub fn start_in(ns: &std::path::Path, addr: SocketAddr, zone: &[(&str, &[&str])]) -> TestDns {
         let zone: HashMap<String, Vec<IpAddr>> = zone
             .iter()
             .map(|(n, ips)| (n.to_string(), ips.iter().map(|i| i.parse().unwrap()).collect()))
             .collect();
-        let socket = hearth_net::netns::udp_socket(&ns.path(), addr).unwrap();
+        let socket = hearth_net::netns::udp_socket(ns, addr).unwrap();
         let socket = tokio::net::UdpSocket::from_std(socket).unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();

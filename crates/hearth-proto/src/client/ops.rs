@@ -16,6 +16,40 @@ use crate::{DATA_CHUNK, TAIL_MAX};
 
 /// Most entries accepted in one listing (a guest could otherwise stream batches forever).
 const MAX_LIST_ENTRIES: usize = 200_000;
+/// Most bytes of names, paths and command lines one listing may hold in the daemon's memory, whatever the
+/// entry count (200,000 entries of 64 KiB each would be gigabytes).
+const MAX_LIST_BYTES: usize = 32 << 20;
+/// Longest path, name, link target or command line accepted in an entry (Linux's `PATH_MAX`).
+const MAX_ENTRY_STRING: usize = 4096;
+/// What one entry costs beyond its strings (fixed fields, allocation overhead).
+const ENTRY_OVERHEAD: usize = 64;
+
+/// Counts what a listing holds and refuses it once it is larger than the daemon keeps for a guest.
+#[derive(Default)]
+struct ListBudget {
+    entries: usize,
+    bytes: usize,
+}
+
+impl ListBudget {
+    fn take(&mut self, what: &str, strings: &[&str]) -> Result<(), ClientError> {
+        if let Some(long) = strings.iter().find(|s| s.len() > MAX_ENTRY_STRING) {
+            return Err(ClientError::Protocol(format!(
+                "{what}: an entry holds a string of {} bytes (at most {MAX_ENTRY_STRING})",
+                long.len()
+            )));
+        }
+        self.entries += 1;
+        self.bytes += ENTRY_OVERHEAD + strings.iter().map(|s| s.len()).sum::<usize>();
+        if self.entries > MAX_LIST_ENTRIES || self.bytes > MAX_LIST_BYTES {
+            return Err(ClientError::Protocol(format!(
+                "{what} too long (more than {MAX_LIST_ENTRIES} entries or {} MiB)",
+                MAX_LIST_BYTES >> 20
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// One event of a foreground exec.
 #[derive(Debug)]
@@ -184,15 +218,18 @@ impl AgentClient {
     pub async fn list_processes(&self) -> Result<Vec<ProcInfo>, ClientError> {
         let mut rx = self.open(&HostMsg::ListProcs, Bytes::new())?;
         let mut all = Vec::new();
+        let mut budget = ListBudget::default();
         loop {
             let (msg, _) = rx.recv().await?;
             match into_result(msg)? {
-                GuestMsg::Procs { procs } => all.extend(procs),
+                GuestMsg::Procs { procs } => {
+                    for p in procs {
+                        budget.take("process list", &[&p.cmd])?;
+                        all.push(p);
+                    }
+                }
                 GuestMsg::Ok => return Ok(all),
                 other => return Err(unexpected(&other)),
-            }
-            if all.len() > MAX_LIST_ENTRIES {
-                return Err(ClientError::Protocol("process list too long".into()));
             }
         }
     }
@@ -339,15 +376,19 @@ impl AgentClient {
             Bytes::new(),
         )?;
         let mut all = Vec::new();
+        let mut budget = ListBudget::default();
         loop {
             let (msg, _) = rx.recv().await?;
             match into_result(msg)? {
-                GuestMsg::Entries { entries } => all.extend(entries),
+                GuestMsg::Entries { entries } => {
+                    for e in entries {
+                        let link = e.link_target.as_deref().unwrap_or_default();
+                        budget.take("directory listing", &[&e.name, &e.path, link])?;
+                        all.push(e);
+                    }
+                }
                 GuestMsg::Ok => return Ok(all),
                 other => return Err(unexpected(&other)),
-            }
-            if all.len() > MAX_LIST_ENTRIES {
-                return Err(ClientError::Protocol("directory listing too long".into()));
             }
         }
     }

@@ -112,6 +112,7 @@ impl FirecrackerVmm {
             kind: VmmKind::Firecracker,
             vmm_version: self.version.clone(),
             files: names,
+            disk_format: disk_copy.as_ref().map(|_| crate::DiskFormat::Raw),
             disk: disk_copy,
             memory_mib,
             vcpus,
@@ -204,6 +205,7 @@ impl FirecrackerVmm {
 /// Replaces `path` by a fresh copy of itself (a new inode, root's, [`super::snapshot::SNAPSHOT_FILE_MODE`]).
 async fn replace_with_copy(path: &Path) -> Result<(), VmmError> {
     let tmp = path.with_extension("copy");
+    let _ = std::fs::remove_file(&tmp); // left by an interrupted attempt
     copy_disk(path, &tmp).await?;
     let done = std::fs::set_permissions(
         &tmp,
@@ -219,28 +221,5 @@ async fn replace_with_copy(path: &Path) -> Result<(), VmmError> {
 
 /// Copies the disk (reflink when the file system can, sparse otherwise) and fsyncs the copy.
 async fn copy_disk(src: &Path, dest: &Path) -> Result<(), VmmError> {
-    let out = tokio::process::Command::new("cp")
-        .args(["--reflink=auto", "--sparse=always", "--"])
-        .arg(src)
-        .arg(dest)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|e| VmmError::Disk {
-            path: dest.to_path_buf(),
-            detail: format!("running cp: {e}"),
-        })?;
-    if !out.status.success() {
-        let _ = std::fs::remove_file(dest);
-        return Err(VmmError::Disk {
-            path: dest.to_path_buf(),
-            detail: format!(
-                "cp from {} failed ({}): {}",
-                src.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(())
+    crate::disk::copy_raw(src, dest).await
 }

@@ -98,6 +98,7 @@ impl QemuVmm {
             kind: VmmKind::Qemu,
             vmm_version: self.version(),
             files,
+            disk_format: disk_copy.as_ref().map(|_| crate::DiskFormat::Qcow2),
             disk: disk_copy,
             memory_mib,
             vcpus,
@@ -177,25 +178,16 @@ async fn shape(q: &mut Qmp) -> Result<(u32, u32), String> {
     Ok((mib, vcpus))
 }
 
+/// Copies the VM's qcow2 overlay (hearth created it; the guest writes only inside it) into the checkpoint.
 async fn copy_synced(from: &Path, to: &Path) -> Result<(), VmmError> {
     let dest = to.to_path_buf();
     let (from, to) = (from.to_path_buf(), to.to_path_buf());
-    tokio::task::spawn_blocking(move || {
-        let mut src = File::open(&from).map_err(|e| io(&from, e))?;
-        let mut dst = File::options()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&to)
-            .map_err(|e| io(&to, e))?;
-        std::io::copy(&mut src, &mut dst).map_err(|e| io(&to, e))?;
-        dst.sync_all().map_err(|e| io(&to, e))
-    })
-    .await
-    .map_err(|e| VmmError::Snapshot {
-        path: dest,
-        detail: format!("disk copy: {e}"),
-    })?
+    tokio::task::spawn_blocking(move || crate::disk::copy_sparse(&from, &to).map_err(|e| io(&to, e)))
+        .await
+        .map_err(|e| VmmError::Snapshot {
+            path: dest,
+            detail: format!("disk copy: {e}"),
+        })?
 }
 
 fn io(path: &Path, source: std::io::Error) -> VmmError {

@@ -180,10 +180,16 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let mcp_stop = tokio_util::sync::CancellationToken::new();
-    let router = app(state.clone()).merge(mcp(state, listener.local_addr()?, mcp_stop.clone()));
+    let addr = listener.local_addr()?;
+    let router = app(state.clone()).merge(mcp(state, addr, mcp_stop.clone()));
+    // E2B's control plane beside `/v1`, and envd's paths on requests naming a sandbox (`E2b-Sandbox-Id` header
+    // or `{port}-{id}.` host name) to the envd adapter (crate hearth-e2b, calling this API over loopback).
+    let e2b = hearth_e2b::Adapter::new(&hearth_mcp::loopback_url(addr), mcp_stop.clone())
+        .map_err(std::io::Error::other)?;
+    let router = e2b.router(router);
     let shutdown = async move {
         shutdown.await;
-        // Open MCP sessions and streams would otherwise hold the graceful shutdown up.
+        // Open MCP sessions, E2B streams and watches would otherwise hold the graceful shutdown up.
         mcp_stop.cancel();
     };
     axum::serve(listener, router)
@@ -227,19 +233,19 @@ async fn count_requests(req: Request, next: Next) -> Response {
         .get::<MatchedPath>()
         .map_or("unmatched", |m| m.as_str())
         .to_string();
-    let method = req.method().as_str().to_string();
+    let method = req.method().clone();
     let resp = next.run(req).await;
-    crate::metrics::http_request(route, method, resp.status().as_u16());
+    crate::metrics::http_request(route, method.as_str(), resp.status().as_u16());
     resp
 }
 
 async fn unknown_route(method: axum::http::Method) -> ApiError {
-    crate::metrics::http_request("unmatched".into(), method.as_str().to_string(), 404);
+    crate::metrics::http_request("unmatched".into(), method.as_str(), 404);
     ApiError::new(ErrorCode::UnknownRoute, "no such route")
 }
 
 async fn method_not_allowed(method: axum::http::Method) -> ApiError {
-    crate::metrics::http_request("unmatched".into(), method.as_str().to_string(), 405);
+    crate::metrics::http_request("unmatched".into(), method.as_str(), 405);
     ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this route")
 }
 

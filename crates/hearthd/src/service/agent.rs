@@ -29,6 +29,8 @@ pub struct Live {
     /// Environment every command of the sandbox starts with.
     pub env: BTreeMap<String, String>,
     client: tokio::sync::Mutex<Option<AgentClient>>,
+    /// Since when the agent has failed every health ping (`None` while it answers).
+    silent_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Live {
@@ -43,7 +45,19 @@ impl Live {
             handle,
             env,
             client: tokio::sync::Mutex::new(client),
+            silent_since: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Records a failed health ping; returns how long the agent has been silent.
+    pub fn note_silence(&self) -> Duration {
+        let mut since = self.silent_since.lock().unwrap_or_else(|p| p.into_inner());
+        since.get_or_insert_with(std::time::Instant::now).elapsed()
+    }
+
+    /// The agent answered (or the VM was stopped on purpose): start counting afresh.
+    pub fn clear_silence(&self) {
+        *self.silent_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// The current connection if it is open (does not wait for a reconnect in progress).

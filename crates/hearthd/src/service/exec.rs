@@ -83,7 +83,7 @@ fn build(
         env,
         cwd: req.cwd.clone(),
         // Background processes always get a pipe so that `.../stdin` can feed them later.
-        stdin: background || req.stdin.is_some(),
+        stdin: background || req.stdin.is_some() || req.keep_stdin_open,
         timeout_ms: (!background || req.timeout_s.is_some())
             .then(|| u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
         background,
@@ -130,9 +130,10 @@ impl Sandboxes {
         if let Some(data) = &req.stdin {
             let writer = handle.stdin();
             let data = Bytes::copy_from_slice(data.as_bytes());
+            let close = !req.keep_stdin_open;
             tokio::spawn(async move {
                 // The process may exit without reading its input: that is not an error of the command.
-                if writer.send(data).await.is_ok() {
+                if writer.send(data).await.is_ok() && close {
                     let _ = writer.close().await;
                 }
             });

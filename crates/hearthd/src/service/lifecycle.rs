@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hearth_api::{Capacity, CreateSandboxRequest, OnTimeout, Sandbox, SandboxState, SystemInfo};
-use hearth_vmm::{VmHandle, VmSpec};
+use hearth_vmm::{DiskFormat, VmHandle, VmSpec};
 use rand::RngCore;
 use tokio::time::Instant;
 
@@ -431,18 +431,25 @@ impl Sandboxes {
             .mode(0o700)
             .create(dir)
             .map_err(|e| io("create", e))?;
-        let base = match &restore {
+        // The base's format comes from hearth's records (the snapshot manifest; template images are always raw),
+        // never from its bytes: a guest wrote them.
+        let (base, format) = match &restore {
             // A restored VM continues with a copy-on-write disk over the snapshot's disk copy.
-            Some((snap, info)) => snap.join(info.disk.as_deref().unwrap_or_default()),
-            None => self
-                .settings
-                .paths
-                .template_base(&row.template)
-                .ok_or_else(|| format!("template {} is gone", row.template))?,
+            Some((snap, info)) => (
+                snap.join(info.disk.as_deref().unwrap_or_default()),
+                info.disk_format(),
+            ),
+            None => (
+                self.settings
+                    .paths
+                    .template_base(&row.template)
+                    .ok_or_else(|| format!("template {} is gone", row.template))?,
+                DiskFormat::Raw,
+            ),
         };
         let disk = self
             .vmm
-            .prepare_disk(&base, dir)
+            .prepare_disk(&base, format, dir)
             .await
             .map_err(|e| format!("preparing the disk: {e}"))?;
         self.db.set_disk(&row.id, &disk).map_err(|e| e.to_string())?;

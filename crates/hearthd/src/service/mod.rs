@@ -153,6 +153,8 @@ pub struct Settings {
     pub default_template: String,
     /// How long a new sandbox's agent has to answer.
     pub ready_timeout: Duration,
+    /// How long a running sandbox's agent may fail the health watcher's pings before it is marked failed.
+    pub agent_unresponsive: Duration,
 }
 
 /// The sandboxes of this daemon: the state database, the VMM driver and the live agent connections.

@@ -341,6 +341,7 @@ mod tests {
             vmm_version: "QEMU 0".into(),
             files: files.iter().map(|s| s.to_string()).collect(),
             disk: None,
+            disk_format: None,
             memory_mib: 128,
             vcpus: 1,
         }

@@ -1,7 +1,7 @@
 //! Templates saved from sandboxes, next to the built-in images.
 //!
 //! `POST /v1/templates {name, from_sandbox, include_memory}` checkpoints the sandbox (it continues), flattens
-//! the checkpoint's disk copy into a standalone raw image with `qemu-img convert` (written to a temporary
+//! the checkpoint's disk copy into a standalone raw image (`Vmm::flatten_disk`, format from the manifest; written to a temporary
 //! directory, fsynced, renamed to `<data>/templates/<name>/`), and records the template. Without memory the
 //! checkpoint is dropped again; with memory it is kept, and sandboxes created from the template restore it
 //! (processes running) instead of booting. Built-in templates (`<images>/rootfs/*.ext4`) are listed too but
@@ -542,19 +542,12 @@ impl Sandboxes {
             .map_err(|e| ServiceError::Internal(format!("creating {}: {e}", tmp.display())))?;
         let result = async {
             let image = tmp.join("rootfs.ext4");
-            let out = tokio::process::Command::new("qemu-img")
-                .args(["convert", "-O", "raw"])
-                .arg(&disk)
-                .arg(&image)
-                .output()
+            // The disk copy's format is the manifest's record, never sniffed from its bytes (the guest wrote
+            // them, and may have written a disk header naming a host file).
+            self.vmm
+                .flatten_disk(&disk, manifest.info.disk_format(), &image)
                 .await
-                .map_err(|e| ServiceError::Internal(format!("running qemu-img: {e}")))?;
-            if !out.status.success() {
-                return Err(ServiceError::VmmFailed(format!(
-                    "qemu-img convert failed: {}",
-                    clip(String::from_utf8_lossy(&out.stderr).trim(), 1024)
-                )));
-            }
+                .map_err(|e| ServiceError::VmmFailed(format!("flattening the disk: {e}")))?;
             let sync = |p: &std::path::Path| std::fs::File::open(p).and_then(|f| f.sync_all());
             sync(&image)
                 .and_then(|_| sync(&tmp))

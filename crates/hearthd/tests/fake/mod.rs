@@ -30,6 +30,8 @@ pub struct FakeVmm {
     pub fail_snapshot: AtomicBool,
     /// Restores done so far.
     pub restores: AtomicUsize,
+    /// When set, the agents stop answering pings (a hung guest whose channel stays open).
+    pub mute_pings: Arc<AtomicBool>,
 }
 
 impl FakeVmm {
@@ -57,7 +59,7 @@ async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, stream: u32, msg: &Guest
 }
 
 /// The in-test agent: enough of the protocol for create and one command.
-async fn fake_agent(sock: UnixStream) {
+async fn fake_agent(sock: UnixStream, mute_pings: Arc<AtomicBool>) {
     let (mut r, mut w) = sock.into_split();
     let mut dec = FrameDecoder::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -78,6 +80,7 @@ async fn fake_agent(sock: UnixStream) {
                     };
                     send(&mut w, h.stream, &msg, b"").await
                 }
+                HostMsg::Ping if mute_pings.load(Ordering::SeqCst) => true,
                 HostMsg::Ping => send(&mut w, h.stream, &GuestMsg::Pong, b"").await,
                 HostMsg::Sync => send(&mut w, h.stream, &GuestMsg::Ok, b"").await,
                 HostMsg::PostRestore(_) => {
@@ -127,7 +130,12 @@ impl Vmm for FakeVmm {
     fn version(&self) -> String {
         "fake 1".into()
     }
-    async fn prepare_disk(&self, _base: &Path, dest_dir: &Path) -> Result<PathBuf, VmmError> {
+    async fn prepare_disk(
+        &self,
+        _base: &Path,
+        _format: hearth_vmm::DiskFormat,
+        dest_dir: &Path,
+    ) -> Result<PathBuf, VmmError> {
         let disk = dest_dir.join("disk.qcow2");
         std::fs::write(&disk, b"").map_err(|source| VmmError::Io {
             path: disk.clone(),
@@ -168,7 +176,7 @@ impl Vmm for FakeVmm {
             path: vm.run_dir.clone(),
             source,
         })?;
-        let task = tokio::spawn(fake_agent(guest));
+        let task = tokio::spawn(fake_agent(guest, self.mute_pings.clone()));
         self.agents
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -223,6 +231,8 @@ impl Vmm for FakeVmm {
             kind: VmmKind::Qemu,
             vmm_version: "fake 1".into(),
             files,
+            // Its disk copy holds plain bytes (the real QEMU driver writes qcow2).
+            disk_format: disk.as_ref().map(|_| hearth_vmm::DiskFormat::Raw),
             disk,
             memory_mib: 512,
             vcpus: 1,
@@ -283,11 +293,13 @@ pub fn fixture(connects: usize) -> Fixture {
         children: Mutex::default(),
         fail_snapshot: AtomicBool::new(false),
         restores: AtomicUsize::new(0),
+        mute_pings: Arc::default(),
     });
     let settings = Settings {
         paths,
         default_template: "minimal".into(),
         ready_timeout: Duration::from_secs(5),
+        agent_unresponsive: Duration::from_secs(3),
     };
     let svc = Sandboxes::new(
         db,

@@ -825,7 +825,9 @@ export interface components {
             protocol: components["schemas"]["NetProtocol"];
             /**
              * @description Why: `allow_rule`, `deny_rule`, `default_allow`, `default_deny`, `always_denied`, `private_peer`,
-             *     `dns_blocked`, `resolves_to_denied`, `unresolvable`, `spoofed`.
+             *     `dns_blocked`, `resolves_to_denied`, `unresolvable`, `spoofed`, `host_changed` (a later request on a
+             *     kept-alive connection named another host), `malformed_http` (a request the proxy cannot frame),
+             *     `connection_limit` (the sandbox's or the host's connection budget is spent).
              */
             reason: string;
             /** @description The rule that decided, when one did. */
@@ -1021,7 +1023,13 @@ export interface components {
             env?: {
                 [key: string]: string;
             };
-            /** @description Bytes (UTF-8 text) written to the command's stdin, which is then closed. */
+            /**
+             * @description Keep the command's stdin open (after `stdin`, if given, is written) so that
+             *     `POST .../processes/{pid}/stdin` can feed and close it while the output streams. Foreground commands
+             *     only: a background command's stdin is always open. Default false (stdin is empty).
+             */
+            keep_stdin_open?: boolean;
+            /** @description Bytes (UTF-8 text) written to the command's stdin, which is then closed (unless `keep_stdin_open`). */
             stdin?: string | null;
             /**
              * Format: int64
