@@ -95,14 +95,20 @@ async fn run_inner(host: &KvmHost, vmm: &str, inner: &[Inner]) -> Vec<(String, D
 }
 
 /// The daemon's lifecycle, fork (checkpoint, restores, snapshot objects), template (with and without memory),
-/// terminal and watch tests. (`pause.rs`'s long scenario runs on the host's QEMU; pause and resume on
-/// Firecracker are in `firecracker_runs_jailed_and_leaves_nothing` and in the network tests.)
+/// terminal and watch tests, and SECURITY promise 11 (guest-written disk-image headers never make the host open
+/// a host file, through template, fork, snapshot, memory template, pause and resume). (`pause.rs`'s long
+/// scenario runs on the host's QEMU; pause and resume on Firecracker are in
+/// `firecracker_runs_jailed_and_leaves_nothing`, the disk headers test and the network tests.)
 const DAEMON_TESTS: &[Inner] = &[
     ("vm", "commands_files_and_isolation"),
     ("fork", "fork_of_three_and_snapshot_objects"),
     ("templates", "templates_from_a_sandbox_with_and_without_memory"),
     ("pty", "pty_over_websocket"),
     ("watch", "watch_reports_a_commands_changes_in_order"),
+    (
+        "disk_headers",
+        "guest_disk_headers_never_make_the_host_open_a_host_file",
+    ),
 ];
 
 /// The network tests: taps in each sandbox's namespace, egress by CIDR and domain, DNS, audit log, private
