@@ -5,11 +5,12 @@
 //!   Firecracker and jails it; the test checks the running VMM's uid, chroot, namespaces and cgroup limits
 //!   from L1, through pause, resume and fork, then that destroy leaves no process, cgroup, file or
 //!   namespace, and that a restarted daemon sweeps a VM nobody owns any more.
-//! - `daemon_tests_on_firecracker`, `network_tests_on_firecracker`, `daemon_tests_on_qemu_kvm`: this build's
-//!   own test binaries (`vm.rs`, `pause.rs`, `fork.rs`, `templates.rs`, `network.rs`, ...) copied into L1 and
-//!   run there, one test at a time, with `HEARTH_TEST_VMM=firecracker` (jailed, hearthd's default) or `qemu`
-//!   (QEMU with KVM): the same assertions as on the host, on another VMM.
-//! - `auto_picks_qemu_kvm_without_firecracker`: without the Firecracker binary `auto` is QEMU with KVM, and
+//! - `daemon_and_network_tests_on_firecracker` (and, left out of CI for time, `more_daemon_tests_on_firecracker`,
+//!   `more_daemon_tests_on_qemu_kvm`): this build's own test binaries (`disk_headers.rs`, `network.rs`, `vm.rs`,
+//!   `fork.rs`, `templates.rs`, ...) copied into L1 and run there, one test at a time, with
+//!   `HEARTH_TEST_VMM=firecracker` (jailed, hearthd's default) or `qemu` (QEMU with KVM): the same assertions as
+//!   on the host, on another VMM.
+//! - `qemu_kvm_is_auto_without_firecracker`: without the Firecracker binary `auto` is QEMU with KVM, and
 //!   `hearth doctor` in L1 reports KVM usable.
 //!
 //! Times are measured on the host (L1's clock runs slow under TCG) and printed for docs/benchmarks.md.
@@ -73,9 +74,9 @@ async fn run_inner(host: &KvmHost, vmm: &str, inner: &[Inner]) -> Vec<(String, D
         if !left.trim().is_empty() {
             eprintln!("==== left behind by {bin}::{name}, removed:\n{left}");
             host.sh(
-                &format!("{VMM_PROCESSES}
+                &format!("{VMM_PROCESSES}\n{VM_CGROUPS}
                  for p in $(vmms | cut -d: -f1); do kill -9 $p; done
-                 sleep 1; for d in /sys/fs/cgroup/hearth-*/*/; do [ -d \"$d\" ] && rmdir \"$d\"; done
+                 sleep 1; for d in $(vm_cgroups); do rmdir \"$d\"; done
                  for n in $(ip netns list | awk '{{print $1}}' | grep '^hearth'); do ip netns del $n; done; true"
                 ),
             )
@@ -94,27 +95,33 @@ async fn run_inner(host: &KvmHost, vmm: &str, inner: &[Inner]) -> Vec<(String, D
     times
 }
 
-/// The daemon's lifecycle, fork (checkpoint, restores, snapshot objects), template (with and without memory),
-/// terminal and watch tests, and SECURITY promise 11 (guest-written disk-image headers never make the host open
-/// a host file, through template, fork, snapshot, memory template, pause and resume). (`pause.rs`'s long
-/// scenario runs on the host's QEMU; pause and resume on Firecracker are in
-/// `firecracker_runs_jailed_and_leaves_nothing`, the disk headers test and the network tests.)
-const DAEMON_TESTS: &[Inner] = &[
+/// What CI runs inside L1 on Firecracker (jailed), in one KVM test host: what only KVM shows and the lifecycle
+/// test does not already cover. SECURITY promise 11 (guest-written disk-image headers never make the host open a
+/// host file) through a template from a sandbox and a sandbox from it, a fork, a snapshot and a sandbox from it,
+/// a memory template and a sandbox restored from it, pause and resume; the network on Firecracker's taps: egress
+/// by CIDR and domain with DNS and the audit log. Firecracker's lifecycle, jail, pause, resume and fork are
+/// `firecracker_runs_jailed_and_leaves_nothing`.
+const FIRECRACKER_TESTS: &[Inner] = &[
+    (
+        "disk_headers",
+        "guest_disk_headers_never_make_the_host_open_a_host_file",
+    ),
+    ("network", "egress_policy_by_cidr_and_domain_with_dns_and_audit"),
+];
+
+/// More of the daemon's real-VM tests that pass on Firecracker in L1 but are left out of CI for time (the KVM
+/// phase must stay near 15 minutes on 2 cores): they test the API and the agent, the same on every VMM, and run
+/// on the host's QEMU in every CI run; the fork and template paths they take are in the disk headers test too.
+/// The network test of resumed and forked sandboxes (a restored Firecracker's network device) is the one loss:
+/// it alone takes 5-6 minutes in L1. Times per test, measured in L1 on a shared 2-core host: vm 90 s, fork
+/// 138 s, templates 114 s, pty 43 s, watch 20 s, private networks 144 s, resumed and forked 340 s.
+/// Run them with `cargo nextest run -p hearthd --test kvm_host --run-ignored only -E 'test(more_)'`.
+const MORE_FIRECRACKER_TESTS: &[Inner] = &[
     ("vm", "commands_files_and_isolation"),
     ("fork", "fork_of_three_and_snapshot_objects"),
     ("templates", "templates_from_a_sandbox_with_and_without_memory"),
     ("pty", "pty_over_websocket"),
     ("watch", "watch_reports_a_commands_changes_in_order"),
-    (
-        "disk_headers",
-        "guest_disk_headers_never_make_the_host_open_a_host_file",
-    ),
-];
-
-/// The network tests: taps in each sandbox's namespace, egress by CIDR and domain, DNS, audit log, private
-/// networks, ingress and exposed ports, restart and sweep, resumed and forked sandboxes' connectivity.
-const NETWORK_TESTS: &[Inner] = &[
-    ("network", "egress_policy_by_cidr_and_domain_with_dns_and_audit"),
     ("network", "private_networks_ingress_exposed_ports_and_restart"),
     (
         "network",
@@ -122,33 +129,36 @@ const NETWORK_TESTS: &[Inner] = &[
     ),
 ];
 
-/// QEMU with KVM: boot, commands, files and isolation; fork (checkpoint and restores).
-const QEMU_KVM_TESTS: &[Inner] = &[
+/// QEMU with KVM: boot, commands, files and isolation; fork (checkpoint and restores). Left out of CI for time:
+/// `qemu_kvm_is_auto_without_firecracker` runs create, pause, resume, fork and destroy on QEMU+KVM.
+const MORE_QEMU_KVM_TESTS: &[Inner] = &[
     ("vm", "commands_files_and_isolation"),
     ("fork", "fork_of_three_and_snapshot_objects"),
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_tests_on_firecracker() {
-    let host = host_with(DAEMON_TESTS, KvmHostOptions::new()).await;
-    run_inner(&host, "firecracker", DAEMON_TESTS).await;
+/// Their network sandboxes run python3 servers and clients: L1 gets the `debian` template too.
+fn with_debian() -> KvmHostOptions {
+    KvmHostOptions::new().templates(["minimal", "debian"])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn network_tests_on_firecracker() {
-    // Their sandboxes run python3 servers and clients: the `debian` template.
-    let host = host_with(
-        NETWORK_TESTS,
-        KvmHostOptions::new().templates(["minimal", "debian"]),
-    )
-    .await;
-    run_inner(&host, "firecracker", NETWORK_TESTS).await;
+async fn daemon_and_network_tests_on_firecracker() {
+    let host = host_with(FIRECRACKER_TESTS, with_debian()).await;
+    run_inner(&host, "firecracker", FIRECRACKER_TESTS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_tests_on_qemu_kvm() {
-    let host = host_with(QEMU_KVM_TESTS, KvmHostOptions::new()).await;
-    run_inner(&host, "qemu", QEMU_KVM_TESTS).await;
+#[ignore = "left out of CI for time; see MORE_FIRECRACKER_TESTS"]
+async fn more_daemon_tests_on_firecracker() {
+    let host = host_with(MORE_FIRECRACKER_TESTS, with_debian()).await;
+    run_inner(&host, "firecracker", MORE_FIRECRACKER_TESTS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "left out of CI for time; see MORE_QEMU_KVM_TESTS"]
+async fn more_daemon_tests_on_qemu_kvm() {
+    let host = host_with(MORE_QEMU_KVM_TESTS, KvmHostOptions::new()).await;
+    run_inner(&host, "qemu", MORE_QEMU_KVM_TESTS).await;
 }
 
 /// `hearth doctor --json` in L1, against its hearthd: the check named `name`'s status and detail.
@@ -307,12 +317,19 @@ const VMM_PROCESSES: &str = "vmms() { for p in /proc/[0-9]*; do \
        case \"$(readlink $p/exe 2>/dev/null)\" in */qemu-system-*|/firecracker|*/firecracker|*/jailer) \
          echo \"${p#/proc/}: $(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\";; esac; done; }";
 
+/// A shell function printing the cgroup directory of every VM in L1: hearthd puts each below
+/// `hearth-<hash of its data dir>`; `hearth-cmds` and `hearth-agent` are the agent's own (L1's PID 1 is hearth's
+/// agent, which may contain the commands the kit runs), not a VM's.
+const VM_CGROUPS: &str = "vm_cgroups() { for d in /sys/fs/cgroup/hearth-*/*/; do \
+       case \"$d\" in /sys/fs/cgroup/hearth-cmds/*|/sys/fs/cgroup/hearth-agent/*) continue;; esac; \
+       [ -d \"$d\" ] && echo \"$d\"; done; }";
+
 /// What is left in L1 of hearthd's VMs: VMM processes, VM cgroups, sandbox namespaces and directories.
 async fn leftovers(host: &KvmHost) -> String {
     host.sh(&format!(
-        "{VMM_PROCESSES}
+        "{VMM_PROCESSES}\n{VM_CGROUPS}
          vmms | sed 's/^/process /'
-         for d in /sys/fs/cgroup/hearth-*/*/; do [ -d \"$d\" ] && echo \"cgroup $d\"; done
+         vm_cgroups | sed 's/^/cgroup /'
          ip netns list | grep -v l1-uplink | sed 's/^/netns /'
          ls /hearth/data/sandboxes 2>/dev/null | sed 's/^/dir /'
          true"
