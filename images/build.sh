@@ -53,7 +53,7 @@ MIRROR=$(debian_mirror) || exit 1
 
 # Kernel modules the guest needs, in load order (dependencies are added automatically, built-ins skipped).
 GUEST_MODULES="virtio_ring virtio virtio_mmio virtio_blk virtio_console failover net_failover virtio_net \
-vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio-rng overlay"
+vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio-rng virtio_balloon overlay"
 DEBIAN_SUITE=trixie
 DEBIAN_PACKAGES="python3,bash,coreutils,ca-certificates,procps"
 DEBIAN_SIZE=2G
@@ -273,6 +273,13 @@ build_agent_initramfs() {
 
 assemble_initramfs() {
     cat "$WORK/base.cpio.gz" "$WORK/agent.cpio.gz" >"$OUT/initramfs.cpio.gz.tmp"
+    # Zero padding to a whole number of pages (the kernel skips zeros between archives). QEMU's microvm puts
+    # the initrd at the very top of RAM, page-aligned at its start, and SeaBIOS keeps the ACPI tables (whose
+    # DSDT lists the virtio-mmio devices) in the last bytes of RAM: an initrd whose size leaves less than the
+    # tables' size free in its last page overwrites them, and the guest hangs after "ACPI: Core revision" or
+    # boots without its devices (measured: the same kernel and devices boot or hang by the initramfs size
+    # alone). A whole-page initrd ends one page below the top and leaves that page to the tables.
+    truncate -s %4096 "$OUT/initramfs.cpio.gz.tmp"
     mv -f "$OUT/initramfs.cpio.gz.tmp" "$OUT/initramfs.cpio.gz"
 }
 

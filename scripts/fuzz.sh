@@ -9,6 +9,9 @@
 #
 # Environment:
 #   FUZZ_SECONDS    seconds each target runs (default 60)
+#   FUZZ_RUNS       instead of a time, this many inputs per target from a fixed seed (FUZZ_SEED, default 1):
+#                   the same commit always explores the same inputs, so a CI run cannot fail by chance on a
+#                   commit that passed before (a longer exploratory run is FUZZ_SECONDS without FUZZ_RUNS)
 #   FUZZ_TARGETS    only these targets (space separated names, e.g. "sniff http_framer")
 #   FUZZ_SANITIZER  address (default) or none
 #   FUZZ_CORPUS     folder that keeps the corpora between runs (default: a temporary one, removed afterwards)
@@ -16,6 +19,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-60}
+runs=${FUZZ_RUNS:-}
+seed=${FUZZ_SEED:-1}
+if [ -n "$runs" ]; then
+  bound=(-runs="$runs" -seed="$seed")
+  what="$runs inputs from seed $seed"
+else
+  bound=(-max_total_time="$seconds")
+  what="${seconds}s"
+fi
 sanitizer=${FUZZ_SANITIZER:-address}
 only=${FUZZ_TARGETS:-}
 export RUSTC_BOOTSTRAP=1
@@ -50,9 +62,9 @@ for dir in crates/*/fuzz; do
     seeds=()
     [ -d "$dir/seeds/$target" ] && seeds+=("$(pwd)/$dir/seeds/$target")
     out=$(mktemp)
-    log "run $crate/$target for ${seconds}s"
+    log "run $crate/$target for $what"
     if (cd "$dir" && cargo fuzz run -O -a --sanitizer "$sanitizer" --target-dir "$target_dir" "$target" "$corpus" "${seeds[@]}" -- \
-          -max_total_time="$seconds" -timeout=10 -print_final_stats=1) >"$out" 2>&1; then
+          "${bound[@]}" -timeout=10 -print_final_stats=1) >"$out" 2>&1; then
       runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$out" | grep -Eo '[0-9]+$' || echo '?')
       summary+=("$crate/$target: ok, $runs runs")
       rm -f "$out"

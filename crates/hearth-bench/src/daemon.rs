@@ -22,6 +22,11 @@ impl Daemon {
         })
     }
 
+    /// The private daemon's data directory (None for an external daemon).
+    pub fn data_dir(&self) -> Option<&std::path::Path> {
+        self._data.as_ref().map(|d| d.path())
+    }
+
     /// Starts `hearthd --listen 127.0.0.1:0 FLAGS...` on a fresh data dir and waits until it answers.
     pub async fn spawn(bin: Option<PathBuf>, flags: &[String]) -> Result<Daemon> {
         let bin = match bin {

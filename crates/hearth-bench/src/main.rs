@@ -13,6 +13,7 @@ mod daemon;
 mod fakenet;
 mod kvm;
 mod net;
+mod state;
 mod stats;
 
 use std::time::{Duration, Instant};
@@ -90,6 +91,12 @@ struct Args {
     /// Boots per kernel image in the boot breakdown.
     #[arg(long, default_value_t = 1)]
     boot_rounds: usize,
+    /// Guest memory (MiB) of the second sandbox whose resumes are compared with the main one's (0: skip).
+    #[arg(long, default_value_t = 2048)]
+    big_memory_mib: u32,
+    /// MiB the guest dirties (in a tmpfs file) before the measured re-pause.
+    #[arg(long, default_value_t = 16)]
+    dirty_mib: u32,
     /// Only the driver-level boot breakdown (no daemon; QEMU with KVM when the host probe finds it usable, else
     /// TCG).
     #[arg(long, conflicts_with_all = ["only_net", "external"])]
@@ -181,7 +188,7 @@ async fn main() -> Result<()> {
     let mut result = if args.only_net {
         Ok(Vec::new())
     } else {
-        run(&args, &client).await
+        run(&args, &client, daemon.data_dir()).await
     };
     if let (Some(fake), Ok(rows)) = (&fake, result.as_mut()) {
         let net_args = net::NetArgs {
@@ -288,7 +295,7 @@ async fn cold_create(client: &Client, args: &Args) -> Result<(Sandbox, Duration,
     Ok((sbx, created, t0.elapsed()))
 }
 
-async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
+async fn run(args: &Args, client: &Client, data_dir: Option<&std::path::Path>) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
 
     // Baseline: an HTTP round trip that does not touch a VM.
@@ -348,6 +355,18 @@ async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
         anyhow::ensure!(res.exit_code == 0, "true after resume exited {}", res.exit_code);
         resume.push(t.elapsed());
     }
+
+    // Bytes a re-pause writes, idle and after the guest dirtied some memory.
+    let repause = match data_dir {
+        Some(dir) => state::repause_bytes(client, &kept.id, dir, args.dirty_mib).await?,
+        None => None,
+    };
+    // The same pause/resume cycles on a bigger guest.
+    let big = if args.big_memory_mib > 0 {
+        Some(state::resume_samples(client, &args.template, args.big_memory_mib, args.pause_cycles).await?)
+    } else {
+        None
+    };
 
     // Fork into four children next to the running parent; snapshot size on disk.
     let t = Instant::now();
@@ -413,7 +432,7 @@ async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
         },
     ));
     rows.push(Row::samples(
-        "pause (memory + devices to disk, VMM exits)",
+        "pause (device state to disk, memory file synced, VMM exits)",
         &pause,
     ));
     rows.push(Row::samples("resume -> first command result", &resume));
@@ -436,6 +455,14 @@ async fn run(args: &Args, client: &Client) -> Result<Vec<Row>> {
             fork_wall.as_secs_f64(),
             fork_wall.as_secs_f64() / 4.0
         ),
+    ));
+    rows.extend(state::rows(
+        &resume,
+        args.memory_mib,
+        big.as_ref().map(|b| (b, args.big_memory_mib)),
+        fork_wall,
+        repause,
+        args.dirty_mib,
     ));
     rows.push(Row::value(
         "fork snapshot on disk / guest memory",

@@ -144,13 +144,23 @@ fn plain_backing_path(image: &Path, name: &str) -> Result<PathBuf, String> {
 /// where the file system shares extents, else only the data extents (`SEEK_DATA`/`SEEK_HOLE` with
 /// `copy_file_range`), so holes stay holes. Blocking: call it from a blocking thread. On error `dest` is removed.
 pub fn copy_sparse(src: &Path, dest: &Path) -> io::Result<()> {
+    copy_sparse_unsynced(src, dest)?;
+    let synced = File::open(dest).and_then(|f| f.sync_all());
+    if synced.is_err() {
+        let _ = std::fs::remove_file(dest);
+    }
+    synced
+}
+
+/// [`copy_sparse`] without the fsync: for copies taken while a VM waits, made durable once it runs again.
+pub fn copy_sparse_unsynced(src: &Path, dest: &Path) -> io::Result<()> {
     let from = File::open(src)?;
     let to = File::options()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(dest)?;
-    let copied = clone_or_copy(&from, &to).and_then(|()| to.sync_all());
+    let copied = clone_or_copy(&from, &to);
     if copied.is_err() {
         let _ = std::fs::remove_file(dest);
     }

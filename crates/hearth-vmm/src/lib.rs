@@ -251,9 +251,24 @@ pub struct SnapshotInfo {
     /// Guest memory size and vCPUs the snapshot needs (a restore must use the same shape).
     pub memory_mib: u32,
     pub vcpus: u32,
+    /// The file (one of `files`) holding guest RAM page for page when the VMM keeps RAM in a file; `None`:
+    /// RAM travels in the device-state stream (or the VMM's own memory file format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_file: Option<String>,
+    /// Features of the machine the snapshot was taken from; a restore builds the same machine (a snapshot
+    /// from before a feature existed restores without it). Driver-defined names, e.g. QEMU's `memfile`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
 
 impl SnapshotInfo {
+    /// Whether [`Vmm::resume`] takes the snapshot over: the resumed VM keeps running on its memory file, so
+    /// once a resume succeeded the snapshot is no longer the paused state (a failure after that cannot fall
+    /// back to it).
+    pub fn resume_consumes(&self) -> bool {
+        self.kind == VmmKind::Qemu && self.memory_file.is_some()
+    }
+
     /// The format of the disk copy, from the record: what the driver wrote, or for manifests written before
     /// the format was recorded, what that driver always wrote (QEMU a qcow2 overlay, Firecracker a raw copy).
     /// Never read from the file itself.
@@ -349,6 +364,18 @@ pub trait Vmm: Send + Sync {
             vmm: self.kind().as_str().to_owned(),
             operation: "snapshot".to_owned(),
         })
+    }
+
+    /// Resumes the sandbox whose own paused state is `snapshot` (taken with [`SnapshotMode::Pause`]): like
+    /// [`Vmm::restore`], but the driver may take the snapshot's files over instead of copying them (see
+    /// [`SnapshotInfo::resume_consumes`]). On error the snapshot is left as it was.
+    async fn resume(
+        &self,
+        spec: &VmSpec,
+        snapshot: &std::path::Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.restore(spec, snapshot, info).await
     }
 
     /// Starts a fresh VMM process from the snapshot in `snapshot` with `spec.disk` attached (the daemon

@@ -45,11 +45,13 @@
 
 pub mod console;
 mod launch;
+pub mod memory;
 pub mod qmp;
 mod snapshot;
 mod tsc;
 
 use launch::Boot;
+use memory::Machine;
 
 pub use tsc::host_tsc_khz;
 
@@ -273,9 +275,19 @@ impl QemuVmm {
         &self.binary
     }
 
-    /// QEMU's arguments for `spec` (without the binary). `tap_fd` is the descriptor QEMU inherits for the
-    /// guest's NIC, required when `spec.net` is set (see `tap`).
+    /// QEMU's arguments for a fresh boot of `spec` (without the binary). `tap_fd` is the descriptor QEMU
+    /// inherits for the guest's NIC, required when `spec.net` is set (see `tap`).
     pub fn command_line(&self, spec: &VmSpec, tap_fd: Option<RawFd>) -> Result<Vec<OsString>, VmmError> {
+        self.command_line_for(spec, tap_fd, &Machine::fresh(&spec.run_dir))
+    }
+
+    /// QEMU's arguments for `spec` on `machine` (how RAM is mapped, which optional devices exist).
+    pub fn command_line_for(
+        &self,
+        spec: &VmSpec,
+        tap_fd: Option<RawFd>,
+        machine: &Machine,
+    ) -> Result<Vec<OsString>, VmmError> {
         let bad = |detail: String| VmmError::StartFailed {
             id: spec.id.clone(),
             detail,
@@ -331,7 +343,7 @@ impl QemuVmm {
             "-M".into(),
             // ACPI on: the Debian kernel finds the virtio-mmio devices through it (no cmdline devices).
             // No legacy PIT/PIC; the RTC stays so the guest starts with the right wall-clock time.
-            "microvm,acpi=on,pit=off,pic=off".into(),
+            format!("microvm,acpi=on,pit=off,pic=off{}", machine.machine_opt()),
             "-nodefaults".into(),
             "-no-user-config".into(),
             "-nographic".into(),
@@ -400,6 +412,8 @@ impl QemuVmm {
                 format!("virtio-net-device,netdev=net0,mac={}", net.guest_mac),
             ]);
         }
+        args.extend(machine.backend_args(spec.memory_mib, opt_path).map_err(bad)?);
+        args.extend(machine.trailing_devices());
         if self.drop_privileges {
             let uid = vm_uid(&spec.id);
             args.push("-run-with".into());
@@ -585,7 +599,8 @@ impl Vmm for QemuVmm {
     }
 
     async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError> {
-        self.launch(spec, Boot::Fresh).await
+        self.launch(spec, &Machine::fresh(&spec.run_dir), Boot::Fresh)
+            .await
     }
 
     async fn snapshot(
@@ -605,6 +620,15 @@ impl Vmm for QemuVmm {
         info: &SnapshotInfo,
     ) -> Result<VmHandle, VmmError> {
         self.restore_from(spec, snapshot, info).await
+    }
+
+    async fn resume(
+        &self,
+        spec: &VmSpec,
+        snapshot: &Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.resume_from(spec, snapshot, info).await
     }
 
     async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {

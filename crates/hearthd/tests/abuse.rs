@@ -19,12 +19,14 @@ use serde_json::json;
 /// The minimal image is 256 MiB; its copy-on-write disk may not grow much past that on the host.
 const DISK_LIMIT: u64 = 256 * 1024 * 1024 + 64 * 1024 * 1024;
 
-/// Bytes the sandbox's disk files take on the host (allocated blocks, not apparent size).
+/// Bytes the sandbox's disk files take on the host (allocated blocks, not apparent size). Guest RAM lives in a
+/// file of the same directory (`memory`, bounded by the guest's memory size): not a disk, not counted.
 fn disk_bytes(dir: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::read_dir(dir)
         .unwrap()
         .flatten()
+        .filter(|e| e.file_name() != "memory")
         .filter_map(|e| e.metadata().ok())
         .filter(|m| m.is_file())
         .map(|m| m.blocks() * 512)
@@ -62,6 +64,14 @@ async fn abuse_in_one_sandbox_stays_inside_it() {
     assert!(
         on_host < DISK_LIMIT,
         "the sandbox's disk took {on_host} bytes on the host"
+    );
+    let ram = std::fs::metadata(d.sandbox_dir(&abused.id).join("memory")).map_or(0, |m| {
+        use std::os::unix::fs::MetadataExt;
+        m.blocks() * 512
+    });
+    assert!(
+        ram > 0 && ram <= 256 << 20,
+        "the guest's memory file holds {ram} bytes"
     );
 
     // The programs' limits are in force in the guest.

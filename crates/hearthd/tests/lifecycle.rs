@@ -199,3 +199,35 @@ async fn a_vm_that_never_answers_fails_the_create_within_the_deadline() {
         .any(|c| matches!(c.try_wait(), Ok(None)));
     assert!(!children_alive, "the VM process of a failed create is stopped");
 }
+
+/// Admission counts vCPUs (up to 8 per host CPU) and is atomic: of more parallel creates than fit, exactly
+/// as many as fit pass and the rest get `capacity_exceeded`, naming the vCPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_creates_cannot_pass_the_last_vcpu_slot_together() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let max = cpus * hearthd::service::admission::VCPU_OVERCOMMIT as u32;
+    let per = max.min(16);
+    let fit = (max / per) as usize;
+    let f = fixture(fit + 3);
+    let req = || hearth_api::CreateSandboxRequest {
+        vcpus: Some(per),
+        memory_mib: Some(128),
+        ..create_req(60)
+    };
+    let results = futures::future::join_all((0..fit + 3).map(|_| f.svc.create(req()))).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(ok, fit, "{results:?}");
+    for r in &results {
+        if let Err(e) = r {
+            let msg = e.to_string();
+            assert!(
+                matches!(e, hearthd::service::ServiceError::CapacityExceeded(_)) && msg.contains("vCPUs"),
+                "{msg}"
+            );
+        }
+    }
+    // A destroyed sandbox gives its vCPUs back.
+    let first = results.into_iter().flatten().next().expect("one created");
+    f.svc.destroy(&first.id, "test").await.expect("destroy");
+    f.svc.create(req()).await.expect("fits again");
+}

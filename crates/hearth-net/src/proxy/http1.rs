@@ -274,17 +274,19 @@ impl RequestFramer {
         }
         let room = MAX_TRAILERS.saturating_sub(seen);
         let window = &input[..input.len().min(room)];
-        let Some(end) = find(window, b"\r\n") else {
-            // A bare LF is refused wherever it is seen first, so the error does not depend on how the bytes
-            // arrive.
-            return if window.contains(&b'\n') {
-                Step::Error(FrameError::Header)
-            } else if input.len() >= room {
+        // The decision depends only on the bytes up to the first LF, so it does not depend on how the bytes
+        // arrive: a bare LF is refused, a line ending in CRLF is judged as a field.
+        let Some(lf) = window.iter().position(|b| *b == b'\n') else {
+            return if input.len() >= room {
                 Step::Error(FrameError::TrailersTooLarge)
             } else {
                 Step::NeedMore
             };
         };
+        if lf == 0 || window[lf - 1] != b'\r' {
+            return Step::Error(FrameError::Header);
+        }
+        let end = lf - 1;
         if let Err(e) = field(&input[..end]) {
             return Step::Error(e);
         }
@@ -654,6 +656,12 @@ mod tests {
             ),
             (
                 "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n",
+                FrameError::Header,
+            ),
+            // Found by the fuzzer: a folded trailer line with a bare LF before the next CRLF is the same error
+            // whether the bytes arrive at once or in pieces.
+            (
+                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nA: b\r\n \n\nC: d\r\n\r\n",
                 FrameError::Header,
             ),
         ];

@@ -1,4 +1,6 @@
 //! The host client after a valid handshake, with requests in flight, reading arbitrary guest bytes.
+//! The runtime's clock is paused: it jumps ahead whenever every task waits, so the bounded wait for the
+//! requests costs no wall-clock time (about 100 inputs a second with a real 5 ms wait, thousands without).
 #![no_main]
 
 use std::time::Duration;
@@ -14,6 +16,7 @@ use tokio::io::AsyncWriteExt;
 fuzz_target!(|data: &[u8]| {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_time()
+        .start_paused(true)
         .build()
     else {
         return;

@@ -116,6 +116,8 @@ impl FirecrackerVmm {
             disk: disk_copy,
             memory_mib,
             vcpus,
+            memory_file: None,
+            features: Vec::new(),
         })
     }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use super::memory::Machine;
 use super::qmp::Qmp;
 use super::{QMP_TIMEOUT, QemuVmm, RunFiles, START_TIMEOUT, STOP_STEP, log_tail, snapshot, vm_uid};
 use crate::tap;
@@ -19,14 +20,20 @@ use crate::{VmHandle, VmSpec, VmmError, VmmKind, process_start_ticks};
 pub(super) enum Boot {
     /// Boot the kernel.
     Fresh,
-    /// Load this migration stream (a snapshot's `vmstate`) first.
-    Incoming(File),
+    /// Load this migration stream (a snapshot's `vmstate`) first; `ignore_shared` when it was written with
+    /// RAM left in a shared file.
+    Incoming { state: File, ignore_shared: bool },
 }
 
 impl QemuVmm {
     /// Spawns QEMU for `spec`, waits until QMP answers, attaches the console, then either lets a fresh guest
     /// run or first loads an incoming migration stream. On error nothing of the VM is left running.
-    pub(super) async fn launch(&self, spec: &VmSpec, boot: Boot) -> Result<VmHandle, VmmError> {
+    pub(super) async fn launch(
+        &self,
+        spec: &VmSpec,
+        machine: &Machine,
+        boot: Boot,
+    ) -> Result<VmHandle, VmmError> {
         let files = RunFiles::new(&spec.run_dir);
         let failed = |detail: String| VmmError::StartFailed {
             id: spec.id.clone(),
@@ -49,8 +56,8 @@ impl QemuVmm {
             }
         };
         let tap_fd = tap.as_ref().map(AsRawFd::as_raw_fd);
-        let mut args = self.command_line(spec, tap_fd)?;
-        if matches!(boot, Boot::Incoming(_)) {
+        let mut args = self.command_line_for(spec, tap_fd, machine)?;
+        if matches!(boot, Boot::Incoming { .. }) {
             args.extend(["-incoming", "defer"].map(OsString::from));
         }
         // Leftovers of an earlier run would make readiness checks lie.
@@ -195,8 +202,8 @@ impl QemuVmm {
     /// CPUs run.
     async fn run_guest(&self, vm: &VmHandle, mut q: Qmp, boot: Boot) -> Result<(), String> {
         self.attach_console(vm).map_err(|e| format!("console: {e}"))?;
-        if let Boot::Incoming(state) = boot {
-            snapshot::load_incoming(&mut q, &state).await?;
+        if let Boot::Incoming { state, ignore_shared } = boot {
+            snapshot::load_incoming(&mut q, &state, ignore_shared).await?;
         }
         match tokio::time::timeout(QMP_TIMEOUT, q.execute("cont", None)).await {
             Ok(Ok(_)) => Ok(()),

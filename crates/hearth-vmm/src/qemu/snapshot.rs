@@ -1,25 +1,34 @@
-//! Snapshot and restore for QEMU: the migration stream into a file, and back.
+//! Snapshot and restore for QEMU: device state through a migration stream into a file, guest RAM in its own
+//! file (see [`super::memory`]), and back.
 //!
-//! A snapshot directory holds `vmstate` (QEMU's migration stream: device state and all guest RAM, zero pages
-//! skipped) and, for a checkpoint, `disk.qcow2` (a copy of the VM's disk overlay taken while the VM was stopped,
-//! so memory and disk agree). QEMU runs chrooted and unprivileged, so the driver opens these files itself and
-//! passes the descriptors over QMP (`add-fd`, then `file:/dev/fdset/<id>`); QEMU never sees a host path.
+//! A snapshot directory holds `vmstate` (QEMU's migration stream), `memory` when the VM's RAM lives in a file
+//! (then the stream was written with `x-ignore-shared` and carries no RAM pages: ~100 KB), and for a
+//! checkpoint `disk.qcow2` (a copy of the VM's disk overlay taken while the VM was stopped, so memory and disk
+//! agree). QEMU runs chrooted and unprivileged, so the driver opens the state file itself and passes the
+//! descriptor over QMP (`add-fd`, then `file:/dev/fdset/<id>`); QEMU never sees a host path after it started.
 //!
-//! Snapshot: `stop`, `migrate` to the descriptor, wait for `completed`, fsync; then a checkpoint copies the disk
-//! and `cont`s, a pause quits QEMU. A failed migration `cont`s the VM again, so a failed snapshot leaves it
-//! running. Restore: a new QEMU with the same devices and `-incoming defer`, `migrate-incoming` from the
-//! descriptor, wait, `cont` (see `QemuVmm::launch`). The snapshot files are only read, so several VMs may
-//! restore from one snapshot at once.
+//! - Pause: `stop`, `migrate` the device state, quit QEMU, fsync the memory file and move it into the snapshot:
+//!   no RAM is copied. (A VM whose RAM is a copy-on-write mapping of a base has no file of its own: its stream
+//!   carries the RAM it touched.)
+//! - Checkpoint: `stop`, `migrate`, copy the memory file (reflink or its allocated extents) and the disk while
+//!   stopped, `cont`, then fsync the copies. The VM goes on writing its own file; the snapshot never changes.
+//! - Restore (fork, snapshot, memory template): a new QEMU maps the snapshot's memory file copy-on-write and
+//!   loads the device state; the files are only read, so any number of VMs restore from one snapshot at once.
+//! - Resume (the sandbox's own pause): a new QEMU maps the paused memory file as its own RAM again; once the
+//!   guest runs the file belongs to it (moved back to `<run>/memory`), so a resume consumes its snapshot.
+//!
+//! A failed migration `cont`s the VM again, so a failed snapshot leaves it running.
 
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::QemuVmm;
+use super::memory::{MEMORY_FILE, Machine, Ram};
 use super::qmp::Qmp;
 use crate::{SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind};
 
@@ -47,6 +56,7 @@ impl QemuVmm {
         }
         let mut q = self.qmp(vm).await?;
         let (memory_mib, vcpus) = shape(&mut q).await.map_err(err)?;
+        let machine = running_machine(&mut q, &vm.run_dir).await.map_err(err)?;
         let state_path = dest.join(VMSTATE);
         let state = File::options()
             .write(true)
@@ -57,6 +67,7 @@ impl QemuVmm {
 
         q.execute("stop", None).await.map_err(|e| err(e.to_string()))?;
         let saved = async {
+            set_ignore_shared(&mut q, machine.ram_in_file()).await?;
             let set = q.add_fd(state.as_fd()).await?;
             let uri = format!("file:/dev/fdset/{set}");
             q.execute("migrate", Some(json!({ "uri": uri }))).await?;
@@ -70,27 +81,57 @@ impl QemuVmm {
             let _ = q.execute("cont", None).await;
             return Err(err(format!("saving the state: {e}")));
         }
-        state.sync_all().map_err(|e| io(&state_path, e))?;
-        drop(state);
-
         let mut files = vec![VMSTATE.to_string()];
+        let mut memory_file = None;
         let mut disk_copy = None;
         match mode {
             SnapshotMode::Checkpoint => {
-                // The VM is stopped and its block devices flushed and inactive: the overlay is consistent.
-                let copy = dest.join(DISK_COPY);
-                let copied = copy_synced(disk, &copy).await;
+                // The VM is stopped and its block devices flushed and inactive: memory and disk agree. Copy
+                // both now, let the VM go on, then make the copies durable.
+                let mut copies = Vec::new();
+                let copied = async {
+                    if let Ram::Own(mem) = &machine.ram {
+                        let to = dest.join(MEMORY_FILE);
+                        copy_unsynced(mem, &to).await?;
+                        copies.push(to);
+                    }
+                    let to = dest.join(DISK_COPY);
+                    copy_unsynced(disk, &to).await?;
+                    copies.push(to);
+                    Ok::<(), VmmError>(())
+                }
+                .await;
                 let resumed = q.execute("cont", None).await;
                 copied?;
                 resumed.map_err(|e| err(format!("continuing after the checkpoint: {e}")))?;
+                for f in copies.iter().chain([&state_path]) {
+                    fsync_path(f).await?;
+                }
+                if machine.ram_in_file() {
+                    files.push(MEMORY_FILE.to_string());
+                    memory_file = Some(MEMORY_FILE.to_string());
+                    // Restores open it read-only; nobody may write it.
+                    read_only(&dest.join(MEMORY_FILE))?;
+                }
                 files.push(DISK_COPY.to_string());
                 disk_copy = Some(DISK_COPY.to_string());
             }
             SnapshotMode::Pause => {
                 drop(q);
                 self.stop(vm).await?;
+                fsync_path(&state_path).await?;
+                if let Ram::Own(mem) = &machine.ram {
+                    // QEMU is gone: the guest's last writes are in the page cache; make them durable, then the
+                    // file itself becomes the snapshot's memory.
+                    fsync_path(mem).await?;
+                    let to = dest.join(MEMORY_FILE);
+                    std::fs::rename(mem, &to).map_err(|e| io(mem, e))?;
+                    files.push(MEMORY_FILE.to_string());
+                    memory_file = Some(MEMORY_FILE.to_string());
+                }
             }
         }
+        drop(state);
         File::open(dest)
             .and_then(|d| d.sync_all())
             .map_err(|e| io(dest, e))?;
@@ -102,15 +143,13 @@ impl QemuVmm {
             disk: disk_copy,
             memory_mib,
             vcpus,
+            memory_file,
+            features: machine.features(),
         })
     }
 
-    pub(super) async fn restore_from(
-        &self,
-        spec: &VmSpec,
-        snapshot: &Path,
-        info: &SnapshotInfo,
-    ) -> Result<VmHandle, VmmError> {
+    /// Checks that `snapshot` was written by this QEMU for a VM of `spec`'s shape.
+    fn check_restorable(&self, spec: &VmSpec, snapshot: &Path, info: &SnapshotInfo) -> Result<(), VmmError> {
         let err = |detail: String| VmmError::Snapshot {
             path: snapshot.to_path_buf(),
             detail,
@@ -131,14 +170,86 @@ impl QemuVmm {
                 info.memory_mib, info.vcpus, spec.memory_mib, spec.vcpus
             )));
         }
+        Ok(())
+    }
+
+    /// A new VM from `snapshot`, which stays untouched (its memory file is mapped copy-on-write).
+    pub(super) async fn restore_from(
+        &self,
+        spec: &VmSpec,
+        snapshot: &Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.check_restorable(spec, snapshot, info)?;
+        let ram = match &info.memory_file {
+            Some(f) => Ram::Base(absolute(&snapshot.join(f))?),
+            None => fresh_memory(&spec.run_dir)?,
+        };
+        self.launch_incoming(spec, snapshot, info, Machine::of(info, ram))
+            .await
+    }
+
+    /// The sandbox's own paused state back: its memory file becomes the VM's RAM again and, once the guest
+    /// runs, moves back to `<run>/memory`. Before the guest runs nothing in `snapshot` changes.
+    pub(super) async fn resume_from(
+        &self,
+        spec: &VmSpec,
+        snapshot: &Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.check_restorable(spec, snapshot, info)?;
+        let Some(f) = &info.memory_file else {
+            return self.restore_from(spec, snapshot, info).await;
+        };
+        let paused_memory = absolute(&snapshot.join(f))?;
+        let machine = Machine::of(info, Ram::Own(paused_memory.clone()));
+        let vm = self.launch_incoming(spec, snapshot, info, machine).await?;
+        // The guest runs on that file now: it is the sandbox's memory, no longer the paused state.
+        let own = spec.run_dir.join(MEMORY_FILE);
+        if let Err(e) = std::fs::rename(&paused_memory, &own) {
+            tracing::warn!(path = %paused_memory.display(), error = %e, "moving the resumed memory file");
+        }
+        Ok(vm)
+    }
+
+    async fn launch_incoming(
+        &self,
+        spec: &VmSpec,
+        snapshot: &Path,
+        info: &SnapshotInfo,
+        machine: Machine,
+    ) -> Result<VmHandle, VmmError> {
         let path = snapshot.join(VMSTATE);
-        let state = File::open(&path).map_err(|e| err(format!("{VMSTATE}: {e}")))?;
-        self.launch(spec, super::Boot::Incoming(state)).await
+        let state = File::open(&path).map_err(|e| VmmError::Snapshot {
+            path: snapshot.to_path_buf(),
+            detail: format!("{VMSTATE}: {e}"),
+        })?;
+        let ignore_shared = info.memory_file.is_some();
+        self.launch(spec, &machine, super::Boot::Incoming { state, ignore_shared })
+            .await
     }
 }
 
+/// A fresh, empty memory file for a VM whose RAM comes from a migration stream.
+fn fresh_memory(run_dir: &Path) -> Result<Ram, VmmError> {
+    let path = run_dir.join(MEMORY_FILE);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(&path, e)),
+    }
+    Ok(Ram::Own(path))
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, VmmError> {
+    std::path::absolute(p).map_err(|e| io(p, e))
+}
+
 /// Loads the migration stream in `state` into a QEMU started with `-incoming defer`.
-pub(super) async fn load_incoming(q: &mut Qmp, state: &File) -> Result<(), String> {
+pub(super) async fn load_incoming(q: &mut Qmp, state: &File, ignore_shared: bool) -> Result<(), String> {
+    set_ignore_shared(q, ignore_shared)
+        .await
+        .map_err(|e| format!("migration capabilities: {e}"))?;
     let set = q
         .add_fd(state.as_fd())
         .await
@@ -153,6 +264,45 @@ pub(super) async fn load_incoming(q: &mut Qmp, state: &File) -> Result<(), Strin
         .map_err(|e| format!("loading the state: {e}"));
     let _ = q.execute("remove-fd", Some(json!({ "fdset-id": set }))).await;
     done
+}
+
+/// `x-ignore-shared`: RAM in a shared file stays out of the stream (both ends must agree).
+async fn set_ignore_shared(q: &mut Qmp, on: bool) -> Result<(), super::qmp::QmpError> {
+    q.execute(
+        "migrate-set-capabilities",
+        Some(json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": on }] })),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// How the running VM's RAM is mapped and which optional devices it has, asked of QEMU itself (the VM may have
+/// been started by an earlier daemon).
+async fn running_machine(q: &mut Qmp, run_dir: &Path) -> Result<Machine, String> {
+    let prop = |property: &str| json!({ "path": "/objects/mem", "property": property });
+    let ram = match q.execute("qom-get", Some(prop("share"))).await {
+        // No memory backend object: anonymous RAM (a machine from before memory files).
+        Err(super::qmp::QmpError::Command { .. }) => Ram::Anonymous,
+        Err(e) => return Err(format!("qom-get share: {e}")),
+        Ok(Value::Bool(true)) => {
+            // A resumed VM keeps running on the file its resume moved to <run>/memory; QEMU still names the
+            // path it opened.
+            let own = run_dir.join(MEMORY_FILE);
+            if own.is_file() {
+                Ram::Own(own)
+            } else {
+                let opened = q
+                    .execute("qom-get", Some(prop("mem-path")))
+                    .await
+                    .map_err(|e| format!("qom-get mem-path: {e}"))?;
+                let opened = opened.as_str().ok_or("mem-path is not a string")?;
+                Ram::Own(run_dir.join(opened))
+            }
+        }
+        Ok(_) => Ram::Base(PathBuf::new()),
+    };
+    let balloon = q.execute("query-balloon", None).await.is_ok();
+    Ok(Machine { ram, balloon })
 }
 
 /// Guest memory (MiB) and vCPU count of a running VM.
@@ -178,16 +328,32 @@ async fn shape(q: &mut Qmp) -> Result<(u32, u32), String> {
     Ok((mib, vcpus))
 }
 
-/// Copies the VM's qcow2 overlay (hearth created it; the guest writes only inside it) into the checkpoint.
-async fn copy_synced(from: &Path, to: &Path) -> Result<(), VmmError> {
+/// Copies a file the VM owns (memory or disk overlay; hearth created both) into the snapshot, without
+/// waiting for it to reach the disk (see [`fsync_path`]).
+async fn copy_unsynced(from: &Path, to: &Path) -> Result<(), VmmError> {
     let dest = to.to_path_buf();
     let (from, to) = (from.to_path_buf(), to.to_path_buf());
-    tokio::task::spawn_blocking(move || crate::disk::copy_sparse(&from, &to).map_err(|e| io(&to, e)))
+    tokio::task::spawn_blocking(move || crate::disk::copy_sparse_unsynced(&from, &to).map_err(|e| io(&to, e)))
         .await
         .map_err(|e| VmmError::Snapshot {
             path: dest,
-            detail: format!("disk copy: {e}"),
+            detail: format!("copy task: {e}"),
         })?
+}
+
+async fn fsync_path(path: &Path) -> Result<(), VmmError> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || File::open(&p).and_then(|f| f.sync_all()).map_err(|e| io(&p, e)))
+        .await
+        .map_err(|e| VmmError::Snapshot {
+            path: path.to_path_buf(),
+            detail: format!("fsync task: {e}"),
+        })?
+}
+
+fn read_only(path: &Path) -> Result<(), VmmError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444)).map_err(|e| io(path, e))
 }
 
 fn io(path: &Path, source: std::io::Error) -> VmmError {

@@ -116,6 +116,7 @@ impl Sandboxes {
             let _ = std::fs::remove_dir_all(parent.join(&snap_id));
             return Err(e.into());
         }
+        super::integrity::hash_in_background(parent.join(&snap_id), manifest.fingerprinted());
         tracing::info!(sandbox = %id, snapshot = %snap_id, bytes = snap.size_bytes, "checkpoint taken");
         Ok(to_api(&snap))
     }
@@ -140,8 +141,8 @@ impl Sandboxes {
             _ => (None, Vec::new()),
         };
         let snap = self.checkpoint(id).await?;
-        let mut children = Vec::new();
-        for _ in 0..count {
+        // The children restore side by side: each maps the snapshot's memory copy-on-write.
+        let creates = (0..count).map(|_| {
             let req = CreateSandboxRequest {
                 network: network.clone(),
                 networks: networks.clone(),
@@ -152,17 +153,26 @@ impl Sandboxes {
                 on_timeout: Some(parent.on_timeout),
                 ..Default::default()
             };
-            match this.create_child(req, Some(id.to_string())).await {
+            let this = this.clone();
+            let parent_id = id.to_string();
+            async move { this.create_child(req, Some(parent_id)).await }
+        });
+        let results = futures::future::join_all(creates).await;
+        let mut children = Vec::new();
+        let mut failure = None;
+        for r in results {
+            match r {
                 Ok(child) => children.push(child),
-                Err(e) => {
-                    // All or nothing: the children made so far go, and so does the snapshot.
-                    for c in &children {
-                        let _ = this.destroy(&c.id, "fork-failed").await;
-                    }
-                    let _ = self.delete_snapshot(&snap.id);
-                    return Err(e);
-                }
+                Err(e) => failure = failure.or(Some(e)),
             }
+        }
+        if let Some(e) = failure {
+            // All or nothing: the children made go, and so does the snapshot.
+            for c in &children {
+                let _ = this.destroy(&c.id, "fork-failed").await;
+            }
+            let _ = self.delete_snapshot(&snap.id);
+            return Err(e);
         }
         Ok(ForkResponse {
             snapshot_id: snap.id,

@@ -258,30 +258,6 @@ impl Sandboxes {
         })
     }
 
-    /// Refuses a sandbox whose memory would not fit next to the ones already running (memory is not
-    /// overcommitted; vCPUs are). Paused sandboxes hold no memory.
-    pub(crate) fn check_capacity(&self, memory_mib: u32) -> Result<(), ServiceError> {
-        let host = host_memory_mib();
-        if host == 0 {
-            return Ok(());
-        }
-        let allocated: u64 = self
-            .db
-            .list()?
-            .iter()
-            .filter(|r| holds_vm(r.state))
-            .map(|r| u64::from(r.memory_mib))
-            .sum();
-        // Keep a tenth of the host (at least 512 MiB) for the host itself and the VMM processes.
-        let usable = host - (host / 10).max(512).min(host);
-        if allocated + u64::from(memory_mib) > usable {
-            return Err(ServiceError::CapacityExceeded(format!(
-                "{memory_mib} MiB requested, {allocated} of {usable} MiB already allocated"
-            )));
-        }
-        Ok(())
-    }
-
     /// Creates a sandbox and returns once its agent answers.
     pub async fn create(
         self: &std::sync::Arc<Self>,
@@ -297,7 +273,7 @@ impl Sandboxes {
         parent: Option<String>,
     ) -> Result<Sandbox, ServiceError> {
         let plan = self.plan(req)?;
-        self.check_capacity(plan.memory_mib)?;
+        let admission = self.admit(plan.vcpus, plan.memory_mib)?;
         // A snapshot is checked against its manifest before anything is created from it.
         let restore = match &plan.snapshot {
             Some(snap) => {
@@ -343,8 +319,9 @@ impl Sandboxes {
             paused: None,
             disk: None,
         };
-        // The intent goes to disk before anything is started.
+        // The intent goes to disk before anything is started; from here the row holds the VM's share.
         self.db.insert(&row)?;
+        drop(admission);
         let this = self.clone();
         let net = plan.net;
         let task = tokio::spawn(async move { this.boot(row, restore, net).await });
@@ -710,10 +687,8 @@ impl Sandboxes {
             vmm_reason: self.info.reason.clone(),
             checks: self.info.checks.clone(),
             capacity: Capacity {
-                host_cpus: std::thread::available_parallelism()
-                    .map(|n| n.get() as u32)
-                    .unwrap_or(1),
-                host_memory_mib: host_memory_mib(),
+                host_cpus: u32::try_from(self.host.cpus).unwrap_or(u32::MAX),
+                host_memory_mib: self.host.memory_mib,
                 sandboxes_running: n,
                 vcpus_allocated: vcpus,
                 memory_mib_allocated: mem,
@@ -730,16 +705,6 @@ pub(crate) fn holds_vm(state: SandboxState) -> bool {
         state,
         SandboxState::Creating | SandboxState::Running | SandboxState::Pausing | SandboxState::Resuming
     )
-}
-
-fn host_memory_mib() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kib| kib / 1024)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -13,10 +13,12 @@
 //! - [`usage`]: usage reports from the recorded intervals.
 //! - [`watch`]: directory watches in the guest.
 
+pub mod admission;
 pub mod agent;
 pub mod exec;
 pub mod files;
 pub mod fork;
+pub mod integrity;
 pub mod lifecycle;
 pub mod network;
 pub mod pause;
@@ -169,6 +171,9 @@ pub struct Sandboxes {
     pub(crate) op_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Sandbox networking, when enabled ([`Sandboxes::enable_networking`]).
     pub(crate) net: std::sync::OnceLock<Arc<network::Networking>>,
+    /// The host's capacity and what admitted creates and resumes reserved ([`admission`]).
+    pub(crate) host: admission::Host,
+    pub(crate) admission: Mutex<admission::Pending>,
     /// This service itself, for operations that run in their own task.
     me: Weak<Sandboxes>,
 }
@@ -183,6 +188,8 @@ impl Sandboxes {
             live: Mutex::new(HashMap::new()),
             op_locks: Mutex::new(HashMap::new()),
             net: std::sync::OnceLock::new(),
+            host: admission::Host::probe(),
+            admission: Mutex::new(admission::Pending::default()),
             me: me.clone(),
         })
     }

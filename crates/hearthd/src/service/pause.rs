@@ -235,12 +235,14 @@ impl Sandboxes {
                     tracing::warn!(sandbox = %id, error = %e, "stopping the paused VM");
                 }
                 crate::adopt::kill_vm_process(&handle);
+                let large_files = manifest.fingerprinted();
                 let paused = PausedState {
                     dir: PAUSED_DIR.to_string(),
                     size_bytes: manifest.size_bytes(),
                     info: manifest.info,
                 };
                 self.db.commit_pause(id, &paused)?;
+                super::integrity::hash_in_background(dir.join(PAUSED_DIR), large_files);
                 self.db
                     .usage_switch(id, Some(UsageKind::Paused), now_ms(), row.vcpus, row.memory_mib)?;
                 if let Some(live) = self.take_live(id) {
@@ -290,7 +292,7 @@ impl Sandboxes {
                 "sandbox {id} has no paused state recorded"
             )));
         };
-        self.check_capacity(row.memory_mib)?;
+        let admission = self.admit(row.vcpus, row.memory_mib)?;
         let started = Instant::now();
         if !self
             .db
@@ -298,6 +300,7 @@ impl Sandboxes {
         {
             return Err(ServiceError::Conflict(format!("sandbox {id} changed state")));
         }
+        drop(admission);
         let mut handle = None;
         match self.restore_steps(&row, &paused, disk, &mut handle).await {
             Ok((vm, client)) => {
@@ -312,12 +315,24 @@ impl Sandboxes {
                     Some(client),
                 )));
                 let dir = self.settings.paths.sandbox_dir(id).join(&paused.dir);
-                if let Err(e) = std::fs::remove_dir_all(&dir) {
-                    tracing::warn!(sandbox = %id, error = %e, "removing the resumed snapshot");
-                }
+                let sandbox = id.to_string();
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = std::fs::remove_dir_all(&dir) {
+                        tracing::warn!(sandbox = %sandbox, error = %e, "removing the resumed snapshot");
+                    }
+                });
                 crate::metrics::sandbox_resumed(started.elapsed());
                 tracing::info!(sandbox = %id, secs = started.elapsed().as_secs_f64(), "sandbox resumed");
                 self.get(id)
+            }
+            Err(e) if handle.is_some() && paused.info.resume_consumes() => {
+                // The guest ran on its memory file again: there is no paused state to go back to.
+                tracing::warn!(sandbox = %id, error = %e, "resume failed after the guest ran; the sandbox fails");
+                self.db
+                    .transition(id, SandboxState::Resuming, SandboxState::Running)?;
+                self.fail_locked(id, &format!("resume failed after the guest started: {e}"))
+                    .await?;
+                Err(e)
             }
             Err(e) => {
                 tracing::warn!(sandbox = %id, error = %e, "resume failed; the sandbox stays paused");
@@ -365,7 +380,7 @@ impl Sandboxes {
         };
         let vm = self
             .vmm
-            .restore(&spec, &snap, &manifest.info)
+            .resume(&spec, &snap, &manifest.info)
             .await
             .map_err(|e| ServiceError::VmmFailed(format!("restoring the VM: {e}")))?;
         *handle = Some(vm.clone());

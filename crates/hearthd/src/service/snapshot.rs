@@ -6,8 +6,9 @@
 //! place and its parent fsynced. Only then does the caller commit the snapshot in the database. Any failure
 //! (disk full, EIO, driver error) removes the temporary directory and leaves the previous state alone.
 //!
-//! Reading: [`verify`] checks the manifest and every file (regular file, not a symlink, size, sha256) before
-//! the VMM is given the directory; anything else is a [`SnapshotError::Corrupt`].
+//! Reading: [`verify`] checks the manifest and every file (regular file, not a symlink, size; sha256 for small
+//! files, the fingerprint for large ones, see [`super::integrity`]) before the VMM is given the directory;
+//! anything else is a [`SnapshotError::Corrupt`].
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -17,6 +18,8 @@ use hearth_vmm::{SnapshotInfo, SnapshotMode, VmHandle, Vmm, VmmKind};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use super::integrity::{self, Fingerprint};
 
 /// Name of the manifest inside a snapshot directory.
 pub const MANIFEST: &str = "manifest.json";
@@ -37,12 +40,16 @@ pub enum SnapshotError {
     Write { dir: PathBuf, detail: String },
 }
 
-/// One file of a snapshot.
+/// One file of a snapshot: small files carry their SHA-256, large ones (guest memory, disk copies) the
+/// fingerprint they had when the snapshot was sealed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FileEntry {
     pub name: String,
     pub size: u64,
-    pub sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<Fingerprint>,
 }
 
 /// `manifest.json`: what a snapshot holds and what restoring it needs.
@@ -67,6 +74,14 @@ pub struct Manifest {
 impl Manifest {
     pub fn size_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
+    }
+
+    /// The large files, which [`integrity::hash_in_background`] hashes after the commit.
+    pub fn fingerprinted(&self) -> Vec<(String, Fingerprint)> {
+        self.files
+            .iter()
+            .filter_map(|f| f.fingerprint.map(|fp| (f.name.clone(), fp)))
+            .collect()
     }
 }
 
@@ -195,13 +210,28 @@ fn seal(dir: &Path, info: SnapshotInfo, vmm: VmmKind, meta: OwnedMeta) -> Result
             return Err(format!("driver reported an invalid file name {name:?}"));
         }
         let path = dir.join(name);
-        // The driver fsynced its files; hashing reads them back once.
-        let (size, sha256) = hash_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        files.push(FileEntry {
-            name: name.clone(),
-            size,
-            sha256,
-        });
+        let meta = open_regular(&path)
+            .and_then(|f| f.metadata())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // The driver fsynced its files. Small ones are hashed now (reading them back once); large ones are
+        // fingerprinted, and hashed by content in the background once the snapshot is committed.
+        let entry = if meta.len() <= integrity::HASH_AT_SEAL_MAX {
+            let (size, sha256) = hash_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            FileEntry {
+                name: name.clone(),
+                size,
+                sha256: Some(sha256),
+                fingerprint: None,
+            }
+        } else {
+            FileEntry {
+                name: name.clone(),
+                size: meta.len(),
+                sha256: None,
+                fingerprint: Some(Fingerprint::of(&meta)),
+            }
+        };
+        files.push(entry);
     }
     if let Some(d) = &info.disk
         && !info.files.contains(d)
@@ -236,7 +266,8 @@ fn seal(dir: &Path, info: SnapshotInfo, vmm: VmmKind, meta: OwnedMeta) -> Result
     Ok(manifest)
 }
 
-/// Reads and checks the snapshot in `dir` (blocking: hashes every file). `vmm` is the driver that would restore it.
+/// Reads and checks the snapshot in `dir` (blocking: hashes small files, compares large files' fingerprints).
+/// `vmm` is the driver that would restore it.
 pub fn verify(dir: &Path, vmm: VmmKind) -> Result<Manifest, SnapshotError> {
     let started = std::time::Instant::now();
     let manifest = verify_files(dir, vmm)?;
@@ -297,9 +328,30 @@ fn verify_files(dir: &Path, vmm: VmmKind) -> Result<Manifest, SnapshotError> {
                 entry.size
             )));
         }
-        let (_, sha) = hash_file(&path).map_err(|e| corrupt(format!("{}: {e}", entry.name)))?;
-        if sha != entry.sha256 {
-            return Err(corrupt(format!("{} does not match its checksum", entry.name)));
+        match (&entry.sha256, &entry.fingerprint) {
+            (_, Some(fp)) if Fingerprint::of(&meta) == *fp => {}
+            (Some(want), _) => {
+                let (_, sha) = hash_file(&path).map_err(|e| corrupt(format!("{}: {e}", entry.name)))?;
+                if sha != *want {
+                    return Err(corrupt(format!("{} does not match its checksum", entry.name)));
+                }
+            }
+            (None, Some(_)) => {
+                // Changed since it was sealed: acceptable only with the content it had then.
+                let hashes = integrity::read_hashes(dir);
+                let Some(want) = hashes.get(&entry.name) else {
+                    return Err(corrupt(format!(
+                        "{} changed since the snapshot was written (and has no content checksum yet)",
+                        entry.name
+                    )));
+                };
+                let got =
+                    integrity::content_hash(&path).map_err(|e| corrupt(format!("{}: {e}", entry.name)))?;
+                if got != *want {
+                    return Err(corrupt(format!("{} does not match its checksum", entry.name)));
+                }
+            }
+            (None, None) => return Err(corrupt(format!("{} has no checksum", entry.name))),
         }
     }
     Ok(manifest)
@@ -344,6 +396,8 @@ mod tests {
             disk_format: None,
             memory_mib: 128,
             vcpus: 1,
+            memory_file: None,
+            features: Vec::new(),
         }
     }
 

@@ -236,6 +236,8 @@ impl Vmm for FakeVmm {
             disk,
             memory_mib: 512,
             vcpus: 1,
+            memory_file: None,
+            features: Vec::new(),
         })
     }
     async fn restore(
