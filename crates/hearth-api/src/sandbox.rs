@@ -162,12 +162,18 @@ fn yes() -> bool {
     true
 }
 
-/// Body of `GET /v1/sandboxes`.
+/// Body of `GET /v1/sandboxes`: one page, in id order.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
+    /// Present when more sandboxes match: pass it as `cursor` to get the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
+
+/// Most sandboxes in one page of `GET /v1/sandboxes` (also the default `limit`).
+pub const MAX_LIST_LIMIT: usize = 1000;
 
 /// Body of `POST /v1/sandboxes/{id}/timeout`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -92,6 +92,7 @@ fn colour_does_not_change_the_layout() {
 fn sandbox_list_json() {
     let list = SandboxList {
         sandboxes: sandboxes(),
+        next_cursor: None,
     };
     insta::assert_snapshot!(json(&list).unwrap());
 }

@@ -228,19 +228,39 @@ impl Client {
             .await
     }
 
-    /// `GET /v1/sandboxes`.
+    /// `GET /v1/sandboxes`, every page: all sandboxes that match `filter`.
     pub async fn list_sandboxes(&self, filter: &ListFilter) -> Result<SandboxList, Error> {
-        let mut url = self.url(&["v1", "sandboxes"]);
-        if filter.state.is_some() || !filter.metadata.is_empty() {
-            let mut q = url.query_pairs_mut();
-            if let Some(state) = filter.state {
-                q.append_pair("state", state.as_str());
+        let mut all = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut url = self.url(&["v1", "sandboxes"]);
+            {
+                let mut q = url.query_pairs_mut();
+                if let Some(state) = filter.state {
+                    q.append_pair("state", state.as_str());
+                }
+                for (k, v) in &filter.metadata {
+                    q.append_pair(&format!("metadata.{k}"), v);
+                }
+                if let Some(c) = &cursor {
+                    q.append_pair("cursor", c);
+                }
             }
-            for (k, v) in &filter.metadata {
-                q.append_pair(&format!("metadata.{k}"), v);
+            if url.query() == Some("") {
+                url.set_query(None);
+            }
+            let page: SandboxList = self.call::<(), _>(Method::GET, url, None).await?;
+            all.extend(page.sandboxes);
+            match page.next_cursor {
+                // A cursor that does not move on would loop forever: stop at what we have.
+                Some(c) if cursor.as_ref() != Some(&c) => cursor = Some(c),
+                _ => break,
             }
         }
-        self.call::<(), _>(Method::GET, url, None).await
+        Ok(SandboxList {
+            sandboxes: all,
+            next_cursor: None,
+        })
     }
 
     /// `GET /v1/sandboxes/{id}`.

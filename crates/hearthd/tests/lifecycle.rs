@@ -231,3 +231,53 @@ async fn parallel_creates_cannot_pass_the_last_vcpu_slot_together() {
     f.svc.destroy(&first.id, "test").await.expect("destroy");
     f.svc.create(req()).await.expect("fits again");
 }
+
+/// `GET /v1/sandboxes` pages: `limit` sandboxes at a time in id order, a cursor while more match, every
+/// sandbox exactly once over all pages, filters applied before paging; bad limits and cursors are refused.
+#[tokio::test]
+async fn listing_pages_through_every_sandbox_once() {
+    let f = fixture(10);
+    let mut made = Vec::new();
+    for _ in 0..5 {
+        made.push(f.svc.create(create_req(60)).await.expect("create").id);
+    }
+    made.sort();
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut q = vec![("limit".to_string(), "2".to_string())];
+        if let Some(c) = &cursor {
+            q.push(("cursor".into(), c.clone()));
+        }
+        let (page, next) = f.svc.list(&q).expect("page");
+        pages += 1;
+        assert!(page.len() <= 2);
+        seen.extend(page.into_iter().map(|s| s.id));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!((pages, &seen), (3, &made));
+    // Filters apply before paging: one sandbox in state paused, whatever the limit.
+    f.svc.pause(&made[3]).await.expect("pause");
+    let (page, next) = f
+        .svc
+        .list(&[("state".into(), "paused".into()), ("limit".into(), "1".into())])
+        .expect("filtered");
+    assert_eq!((page.len(), next), (1, None));
+    assert_eq!(page[0].id, made[3]);
+    for bad in [
+        ("limit", "0"),
+        ("limit", "1001"),
+        ("limit", "x"),
+        ("cursor", "../x"),
+    ] {
+        let err = f.svc.list(&[(bad.0.into(), bad.1.into())]).expect_err("refused");
+        assert!(
+            matches!(err, hearthd::service::ServiceError::InvalidArgument(_)),
+            "{bad:?}: {err}"
+        );
+    }
+}

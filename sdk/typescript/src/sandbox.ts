@@ -229,10 +229,17 @@ export class Sandbox {
     const query = new URLSearchParams();
     if (opts.state) query.set("state", opts.state);
     for (const [k, v] of Object.entries(opts.metadata ?? {})) query.set(`metadata.${k}`, v);
-    const { data } = await conn.call(opts, (signal) =>
-      conn.api.GET("/v1/sandboxes", { querySerializer: () => query.toString(), signal }),
-    );
-    return data.sandboxes.map(toInfo);
+    // Every page: the daemon answers at most 1,000 sandboxes at a time, with a cursor for the next page.
+    const all: SandboxInfo[] = [];
+    for (;;) {
+      const { data } = await conn.call(opts, (signal) =>
+        conn.api.GET("/v1/sandboxes", { querySerializer: () => query.toString(), signal }),
+      );
+      all.push(...data.sandboxes.map(toInfo));
+      const next = data.next_cursor;
+      if (!next || next === query.get("cursor")) return all;
+      query.set("cursor", next);
+    }
   }
 
   /** Destroys a sandbox by id. Resolves false if there was none. */

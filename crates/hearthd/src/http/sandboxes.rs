@@ -28,11 +28,14 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(st.sandboxes.create(req).await?)))
 }
 
-/// List sandboxes. Filters: `state=<state>` and `metadata.<key>=<value>` (all must match).
+/// List sandboxes, a page at a time in id order. Filters: `state=<state>` and `metadata.<key>=<value>` (all
+/// must match); `limit` (1-1000, default 1000) and `cursor` (the `next_cursor` of the previous page).
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
     params(
         ("state" = Option<String>, Query, description = "Only sandboxes in this state"),
         ("metadata.{key}" = Option<String>, Query, description = "Only sandboxes whose metadata key has this value"),
+        ("limit" = Option<u32>, Query, description = "Most sandboxes in this page (1-1000, default 1000)"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
     ),
     responses(
         (status = 200, body = SandboxList),
@@ -43,8 +46,10 @@ pub async fn list(
     State(st): State<AppState>,
     ApiQuery(filters): ApiQuery<Vec<(String, String)>>,
 ) -> Result<Json<SandboxList>, ApiError> {
+    let (sandboxes, next_cursor) = st.sandboxes.list(&filters)?;
     Ok(Json(SandboxList {
-        sandboxes: st.sandboxes.list(&filters)?,
+        sandboxes,
+        next_cursor,
     }))
 }
 

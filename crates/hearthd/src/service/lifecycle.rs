@@ -611,14 +611,38 @@ impl Sandboxes {
     }
 
     /// Lists sandboxes, filtered by `state=` and `metadata.<key>=<value>` query pairs.
-    pub fn list(&self, filters: &[(String, String)]) -> Result<Vec<Sandbox>, ServiceError> {
+    /// One page of the sandboxes matching `filters` (`state`, `metadata.<key>`), in id order: at most `limit`
+    /// (1-1000, default 1000) after `cursor` (the last id of the previous page). Returns the page and the
+    /// cursor of the next one when more match.
+    pub fn list(&self, filters: &[(String, String)]) -> Result<(Vec<Sandbox>, Option<String>), ServiceError> {
         let mut state = None;
         let mut meta = Vec::new();
+        let mut limit = hearth_api::MAX_LIST_LIMIT;
+        let mut cursor: Option<&str> = None;
         for (k, v) in filters {
             if k == "state" {
                 state = Some(SandboxState::parse(v).ok_or_else(|| {
                     ServiceError::InvalidArgument(format!("unknown state {:?}", clip(v, 32)))
                 })?);
+            } else if k == "limit" {
+                limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=hearth_api::MAX_LIST_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        ServiceError::InvalidArgument(format!(
+                            "limit must be between 1 and {}",
+                            hearth_api::MAX_LIST_LIMIT
+                        ))
+                    })?;
+            } else if k == "cursor" {
+                if !hearth_api::is_valid_sandbox_id(v) {
+                    return Err(ServiceError::InvalidArgument(format!(
+                        "cursor {:?} is not one this daemon returned",
+                        clip(v, 64)
+                    )));
+                }
+                cursor = Some(v);
             } else if let Some(key) = k.strip_prefix("metadata.") {
                 meta.push((key, v));
             } else {
@@ -628,13 +652,16 @@ impl Sandboxes {
                 )));
             }
         }
-        let rows = self.db.list()?;
-        Ok(rows
-            .iter()
-            .filter(|r| state.is_none_or(|s| r.state == s))
-            .filter(|r| meta.iter().all(|(k, v)| r.metadata.get(*k) == Some(*v)))
-            .map(|r| self.to_api(r))
-            .collect())
+        let mut rows = self.db.list()?;
+        rows.retain(|r| {
+            cursor.is_none_or(|c| r.id.as_str() > c)
+                && state.is_none_or(|s| r.state == s)
+                && meta.iter().all(|(k, v)| r.metadata.get(*k) == Some(*v))
+        });
+        rows.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let next = (rows.len() > limit).then(|| rows[limit - 1].id.clone());
+        rows.truncate(limit);
+        Ok((rows.iter().map(|r| self.to_api(r)).collect(), next))
     }
 
     /// Resets the TTL to `timeout_s` from now.

@@ -117,7 +117,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List sandboxes. Filters: `state=<state>` and `metadata.<key>=<value>` (all must match). */
+        /**
+         * List sandboxes, a page at a time in id order. Filters: `state=<state>` and `metadata.<key>=<value>` (all
+         *     must match); `limit` (1-1000, default 1000) and `cursor` (the `next_cursor` of the previous page).
+         */
         get: operations["sandboxes_list"];
         put?: never;
         /** Create a sandbox; answers once a command can run in it. */
@@ -1066,8 +1069,10 @@ export interface components {
             /** @description VMM driving this sandbox (`qemu` or `firecracker`). */
             vmm: string;
         };
-        /** @description Body of `GET /v1/sandboxes`. */
+        /** @description Body of `GET /v1/sandboxes`: one page, in id order. */
         SandboxList: {
+            /** @description Present when more sandboxes match: pass it as `cursor` to get the next page. */
+            next_cursor?: string | null;
             sandboxes: components["schemas"]["Sandbox"][];
         };
         /** @description A sandbox's network as the API reports it (`GET /v1/sandboxes/{id}/network`). */
@@ -1547,6 +1552,10 @@ export interface operations {
                 state?: string;
                 /** @description Only sandboxes whose metadata key has this value */
                 "metadata.{key}"?: string;
+                /** @description Most sandboxes in this page (1-1000, default 1000) */
+                limit?: number;
+                /** @description `next_cursor` of the previous page */
+                cursor?: string;
             };
             header?: never;
             path?: never;
