@@ -12,6 +12,14 @@
 #                           curl, build tools, and the Pi coding agent (npm, installed by the host's npm)
 #   manifest.json           every artifact with its size and sha256, and the kernel release
 #
+# With --kvm-host, also the KVM test host's root filesystem (crates/hearth-testkit/src/kvm_host.rs):
+#
+#   kvm-host/rootfs.ext4    bookworm minbase with QEMU 10 (bookworm-backports), nftables, iproute2, kmod and the
+#                           guest kernel's modules (kvm, kvm-amd, tun, nftables...): booted under QEMU TCG with
+#                           the kernel and initramfs above, it is a machine with a working /dev/kvm (nested SVM)
+#                           where tests run hearthd, Firecracker and QEMU+KVM. Versioned like the root
+#                           filesystems (kvm-host/versions/rootfs-<key>.ext4); a running test host keeps its own.
+#
 # Caching: each artifact has a recipe key (sha256 of the shell functions that build it, the versions of the
 # packages it comes from, and the keys of its inputs) stored under .stamps/. An artifact is rebuilt only when its
 # key changes or the file is missing. Rebuilding the agent rebuilds only the small agent archive.
@@ -21,13 +29,15 @@
 # template gets a new file and overlays made from the old one keep working. Old versions are kept; delete them
 # when no sandbox uses them.
 #
-# --check   exit 0 iff every artifact is built and current (builds nothing; used by `hearth doctor` and CI)
-# --force   rebuild everything
+# --check     exit 0 iff every artifact is built and current (builds nothing; used by `hearth doctor` and CI)
+# --force     rebuild everything
+# --kvm-host  also build (or, with --check, check) the KVM test host's root filesystem
 #
 # Environment:
 #   HEARTH_IMAGES     output directory (default /var/lib/hearth/images)
 #   HEARTH_AGENT_BIN  use this static agent binary instead of asking images/build-agent.sh
-#   HEARTH_MIRROR     Debian mirror for the trixie rootfs (default http://deb.debian.org/debian)
+#   HEARTH_MIRROR     Debian mirror for the root filesystems (default: the one the host's apt sources name, see
+#                     scripts/debian-mirror.sh)
 #
 # Needs (scripts/install-deps.sh): apt-get, dpkg-deb, kmod (depmod, modprobe), busybox-static, cpio, gzip,
 # e2fsprogs (mkfs.ext4 -d), mmdebstrap, sha256sum. Runs as root (device nodes, mmdebstrap, file ownership).
@@ -37,7 +47,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${HEARTH_IMAGES:-/var/lib/hearth/images}
 STAMPS=$OUT/.stamps
 WORK=$OUT/.build
-MIRROR=${HEARTH_MIRROR:-http://deb.debian.org/debian}
+# shellcheck source=../scripts/debian-mirror.sh
+. "$HERE/../scripts/debian-mirror.sh"
+MIRROR=$(debian_mirror) || exit 1
 
 # Kernel modules the guest needs, in load order (dependencies are added automatically, built-ins skipped).
 # nfsv3 (with sunrpc, lockd, grace, netfs, fscache, nfs, nfs_acl) is the client of bucket mounts
@@ -52,13 +64,23 @@ build-essential,pkg-config,bash,coreutils,procps,less,xz-utils,unzip,zip,iproute
 BASE_NPM="bun@1.4.5 @mariozechner/pi-coding-agent@0.73.1"
 BASE_SIZE=8G
 MINIMAL_SIZE=256M
+# The KVM test host: QEMU 10 and qemu-img from backports (the QEMU driver needs them; apt takes only the named
+# packages from backports, so QEMU's own versioned dependencies are named too), what hearthd and its tests call
+# (nft, ip, modprobe, mount, ps, GNU cp), nothing else.
+KVMHOST_SUITE=bookworm
+KVMHOST_PACKAGES="qemu-system-x86/bookworm-backports,qemu-system-common/bookworm-backports,\
+qemu-system-data/bookworm-backports,seabios/bookworm-backports,qemu-utils/bookworm-backports,\
+nftables,iproute2,kmod,procps,util-linux,mount,coreutils,e2fsprogs"
+KVMHOST_SIZE=3G
 
 MODE=build
 FORCE=0
+KVM_HOST=0
 for arg in "$@"; do
     case "$arg" in
     --check) MODE=check ;;
     --force) FORCE=1 ;;
+    --kvm-host) KVM_HOST=1 ;;
     -h | --help)
         sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
         exit 0
@@ -352,6 +374,50 @@ build_rootfs_base() {
     rm -rf "$dir"
 }
 
+# --- the KVM test host --------------------------------------------------------------------------------------
+
+# bookworm with QEMU from backports, plus the guest kernel's whole module tree (L1 runs that same kernel and
+# loads kvm-amd, tun, nftables, bridge... on demand through modprobe). Booted by the test kit with the guest
+# initramfs, whose agent becomes L1's PID 1.
+build_kvm_host() {
+    local key=$1 dir rel file old
+    rel=$(cat "$WORK/kernel/release")
+    dir=$(mktemp -d "$WORK/kvm-host.XXXXXX")
+    log "kvm-host: mmdebstrap $KVMHOST_SUITE (minbase + $KVMHOST_PACKAGES); this takes a few minutes"
+    mmdebstrap --quiet --mode=root --variant=minbase --include="$KVMHOST_PACKAGES" \
+        --aptopt='APT::Install-Recommends "false"' \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-exclude=/usr/share/info/*' \
+        --customize-hook='chroot "$1" dpkg-query -W -f="\${Package} \${Version}\n" > "$1/etc/hearth-packages"' \
+        --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/log/*.log' \
+        "$KVMHOST_SUITE" "$dir" "deb $MIRROR $KVMHOST_SUITE main" "deb $MIRROR $KVMHOST_SUITE-backports main" >&2
+    mkdir -p "$dir/usr/lib/modules"
+    cp -a "$WORK/kernel/lib/modules/$rel" "$dir/usr/lib/modules/"
+    depmod -b "$dir" "$rel"
+    mkdir -p "$dir"/{run,tmp,root,proc,sys,dev,etc,hearth}
+    chmod 1777 "$dir/tmp"
+    echo hearth-kvm-host >"$dir/etc/hostname"
+    printf '127.0.0.1\tlocalhost\n' >"$dir/etc/hosts"
+    : >"$dir/etc/machine-id"
+    mkdir -p "$OUT/kvm-host/versions"
+    file="$OUT/kvm-host/versions/rootfs-${key:0:12}.ext4"
+    rm -f "$file.tmp"
+    truncate -s "$KVMHOST_SIZE" "$file.tmp"
+    mkfs.ext4 -q -F -L hearth-kvm-host -E root_owner=0:0 -d "$dir" "$file.tmp" >&2
+    chmod 0444 "$file.tmp"
+    mv -f "$file.tmp" "$file"
+    ln -sfn "versions/$(basename "$file")" "$OUT/kvm-host/rootfs.ext4.tmp"
+    mv -fT "$OUT/kvm-host/rootfs.ext4.tmp" "$OUT/kvm-host/rootfs.ext4"
+    rm -rf "$dir"
+    old=$(find "$OUT/kvm-host/versions" -maxdepth 1 -name 'rootfs-*.ext4' ! -name "$(basename "$file")" -printf '%f ')
+    if [ -n "$old" ]; then
+        log "kvm-host: older versions kept for test hosts still running on them: $old(delete when unused)"
+    fi
+}
+
 # --- manifest -----------------------------------------------------------------------------------------------
 
 write_manifest() {
@@ -359,7 +425,8 @@ write_manifest() {
     rel=$(cat "$WORK/kernel/release")
     {
         printf '{\n  "kernel_release": "%s",\n  "kernel_package": "%s",\n  "artifacts": [' "$rel" "$(stamp_get kernel-package)"
-        for a in vmlinuz vmlinux initramfs.cpio.gz rootfs/minimal.ext4 rootfs/debian.ext4 rootfs/base.ext4; do
+        for a in vmlinuz vmlinux initramfs.cpio.gz rootfs/minimal.ext4 rootfs/debian.ext4 rootfs/base.ext4 \
+            kvm-host/rootfs.ext4; do
             path=$OUT/$a
             [ -e "$path" ] || continue
             size=$(stat -L -c %s "$path")
@@ -500,6 +567,19 @@ main() {
         record_sha rootfs/base.ext4
         stamp_set rootfs-base "$basekey"
         changed=1
+    fi
+
+    if [ "$KVM_HOST" = 1 ]; then
+        # Not part of the mirror's key: the same packages come from any mirror.
+        local hkey
+        hkey=$(printf '%s %s %s %s %s' "$kkey" "$KVMHOST_SUITE" "$KVMHOST_PACKAGES" "$KVMHOST_SIZE" \
+            "$(fn_key build_kvm_host)" | sha)
+        if step kvm-host "$hkey" "$OUT/kvm-host/rootfs.ext4" "$WORK/kernel/release"; then
+            build_kvm_host "$hkey"
+            record_sha kvm-host/rootfs.ext4
+            stamp_set kvm-host "$hkey"
+            changed=1
+        fi
     fi
 
     if [ "$MODE" = check ]; then

@@ -7,15 +7,20 @@ set -euo pipefail
 
 [ "$(id -u)" -eq 0 ] || { echo "install-deps: run as root" >&2; exit 1; }
 
+# bookworm-backports from the mirror the host's apt already uses (scripts/debian-mirror.sh; HEARTH_MIRROR overrides).
+. "$(dirname "$0")/debian-mirror.sh"
 src=/etc/apt/sources.list.d/hearth-backports.sources
 if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-  cat >"$src" <<'SRC'
+  mirror=$(debian_mirror)
+  keyring=$(debian_keyring)
+  cat >"$src" <<SRC
 Types: deb
-URIs: http://deb.debian.org/debian
+URIs: $mirror
 Suites: bookworm-backports
 Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+Signed-By: $keyring
 SRC
+  rm -f /var/lib/apt/periodic/hearth-update-stamp
 fi
 
 need_update=1

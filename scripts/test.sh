@@ -13,8 +13,8 @@ bash scripts/install-test-deps.sh
 log "E2B SDKs (crates/hearth-e2b/tests)"
 bash scripts/install-e2b-test-deps.sh
 
-log "guest images"
-bash images/build.sh
+log "guest images (and the KVM test host's root filesystem)"
+bash images/build.sh --kvm-host
 
 log "format"
 cargo fmt --all -- --check
@@ -25,12 +25,30 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 log "build tests"
 cargo nextest run --workspace --locked --no-run
 
-log "tests"
+# From here on every phase runs to its end even when an earlier one failed; the script fails if any did.
+failed=()
+phase() {
+    local name=$1
+    shift
+    log "$name"
+    "$@" || failed+=("$name")
+}
+
 # Real-VM tests boot QEMU guests under TCG; nextest's config (.config/nextest.toml) bounds how many run at once.
-cargo nextest run --workspace --locked --no-fail-fast
-log "fuzz"
+# The KVM test host's tests (Firecracker and QEMU+KVM inside a nested VM) run afterwards, one at a time: each
+# wants the whole machine.
+kvm_host='binary_id(hearthd::kvm_host) | binary_id(hearth-testkit::kvm_host)'
+phase "tests" cargo nextest run --workspace --locked --no-fail-fast -E "not ($kvm_host)"
+phase "tests on the KVM test host (Firecracker jailed, QEMU+KVM)" \
+    cargo nextest run --workspace --locked --no-fail-fast --test-threads 1 -E "$kvm_host"
 # Every cargo-fuzz target (decoders of guest bytes) on a fixed number of inputs from a fixed seed, so CI is
 # deterministic; longer exploratory runs: FUZZ_SECONDS=600 bash scripts/fuzz.sh.
-FUZZ_RUNS=${FUZZ_RUNS:-100000} bash scripts/fuzz.sh
-cargo test --workspace --locked --doc -q
-log "TypeScript SDK"; cargo build -p hearthd --locked -q; bash sdk/typescript/test.sh
+phase "fuzz" env FUZZ_RUNS="${FUZZ_RUNS:-100000}" bash scripts/fuzz.sh
+phase "doc tests" cargo test --workspace --locked --doc -q
+phase "TypeScript SDK" bash -c 'cargo build -p hearthd --locked -q && bash sdk/typescript/test.sh'
+
+if [ "${#failed[@]}" -gt 0 ]; then
+    log "failed: ${failed[*]}"
+    exit 1
+fi
+log "all passed"

@@ -44,9 +44,54 @@ struct StreamEntry {
 #[derive(Default)]
 pub struct Streams {
     map: Mutex<HashMap<u32, StreamEntry>>,
+    /// The connection's number ([`Sessions::open`]).
+    conn: u64,
+}
+
+/// The agent's connections and the restores that outdate them.
+///
+/// After a restore (`PostRestore`), every other connection belongs to the host of before the snapshot, which
+/// is gone. Over serial there is one connection at a time, and the port's reopening ends the old session. Over
+/// vsock the restored guest may never learn that its old connections died (Firecracker 1.12 leaves the vsock
+/// transport reset of the snapshot pending, and a restored guest does not always act on it), and a session
+/// kept open that way keeps its terminals and streams running. So the other connections are closed as if their
+/// host had disconnected.
+pub(crate) struct Sessions {
+    next: std::sync::atomic::AtomicU64,
+    /// The connection that last completed a `PostRestore` (0: none yet).
+    restored_by: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions {
+            next: std::sync::atomic::AtomicU64::new(0),
+            restored_by: tokio::sync::watch::channel(0).0,
+        }
+    }
+}
+
+impl Sessions {
+    /// A number for a new connection, and the notifications of later restores.
+    fn open(&self) -> (u64, tokio::sync::watch::Receiver<u64>) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        (id, self.restored_by.subscribe())
+    }
+
+    /// Connection `conn` completed a `PostRestore`: every other one is from before the snapshot.
+    pub(crate) fn restored(&self, conn: u64) {
+        self.restored_by.send_replace(conn);
+    }
 }
 
 impl Streams {
+    fn on(conn: u64) -> Self {
+        Streams {
+            map: Mutex::default(),
+            conn,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<u32, StreamEntry>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -156,10 +201,22 @@ where
     let (out, out_rx) = Outbox::new();
     let writer = tokio::spawn(write_loop(wr, out_rx));
     let mut reader = FrameReader::new(rd);
-    let mut streams = Arc::new(Streams::default());
+    let (conn, mut restores) = agent.sessions.open();
+    let mut streams = Arc::new(Streams::on(conn));
     let mut hello = false;
     let result = loop {
-        let frame = match reader.next().await {
+        // `FrameReader::next` is cancel-safe (what it read stays in its buffer).
+        let next = tokio::select! {
+            next = reader.next() => next,
+            Ok(()) = restores.changed() => {
+                if *restores.borrow_and_update() != conn {
+                    log("closing a connection from before a restore");
+                    break Ok(());
+                }
+                continue;
+            }
+        };
+        let frame = match next {
             Ok(Some(Ok(f))) => f,
             // Garbage or an oversize frame (e.g. left over from an earlier session): resynchronise.
             Ok(Some(Err(_))) => continue,
@@ -192,7 +249,7 @@ where
             }
             // A new session on the same channel: forget the old streams, keep the processes.
             streams.abandon_all(&agent);
-            streams = Arc::new(Streams::default());
+            streams = Arc::new(Streams::on(conn));
             hello = true;
             let ok = GuestMsg::HelloOk {
                 version: PROTOCOL_VERSION,
@@ -332,6 +389,7 @@ async fn handle(
         }
         HostMsg::PostRestore(req) => {
             let report = crate::restore::post_restore(&ctx.agent.sys, req).await?;
+            ctx.agent.sessions.restored(ctx.streams.conn);
             ctx.reply(GuestMsg::PostRestored(report));
         }
         HostMsg::ProcStdin { pid, eof } => {

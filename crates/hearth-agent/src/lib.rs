@@ -70,6 +70,8 @@ pub fn log(msg: &str) {
 pub struct Agent {
     pub(crate) procs: Arc<procs::ProcTable>,
     pub(crate) sys: Arc<SystemConfig>,
+    /// Connections, and the restores that close the older ones (see `conn::Sessions`).
+    pub(crate) sessions: Arc<conn::Sessions>,
 }
 
 impl Agent {
@@ -83,6 +85,7 @@ impl Agent {
         Agent {
             procs: Arc::default(),
             sys: Arc::new(sys),
+            sessions: Arc::default(),
         }
     }
 

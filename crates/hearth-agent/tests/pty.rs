@@ -172,3 +172,44 @@ async fn bad_requests_are_refused() {
     let err = c.pty(r).await.expect_err("missing program");
     assert_eq!(err.guest_kind(), Some(ErrorKind::NotFound));
 }
+
+/// After a restore, a terminal opened on a connection from before the snapshot is hung up: the agent closes
+/// every connection but the one that ran `PostRestore` (a restored Firecracker guest may keep its old vsock
+/// connections open forever). A connection opened after the restore is left alone.
+#[tokio::test]
+async fn a_restore_closes_the_older_connections_and_their_terminals() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("etc")).expect("etc");
+    let agent = hearth_agent::Agent::with_system(hearth_agent::SystemConfig {
+        root: dir.path().to_owned(),
+        set_clock: false,
+        set_hostname: false,
+    });
+    let old = connect(&agent).await;
+    let mut h = old.pty(req("echo up; sleep 100", 24, 80)).await.expect("pty");
+    let mut seen = String::new();
+    until(&mut h, &mut seen, "up").await;
+    let leader = h.pid as i32;
+    let restoring = connect(&agent).await;
+    restoring
+        .post_restore(hearth_proto::PostRestore {
+            unix_time_ns: 1_800_000_000_000_000_000,
+            entropy: vec![7; hearth_proto::POST_RESTORE_ENTROPY_LEN],
+            hostname: None,
+            machine_id: None,
+        })
+        .await
+        .expect("post_restore");
+    let later = connect(&agent).await;
+    let deadline = std::time::Instant::now() + T;
+    // SAFETY: kill with signal 0 only checks existence.
+    while !(old.is_closed() && unsafe { libc::kill(leader, 0) } == -1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old connection or its terminal lives on"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    restoring.ping().await.expect("the restoring connection stays");
+    later.ping().await.expect("a later connection stays");
+}

@@ -5,12 +5,14 @@
 //! - [`stats`]: percentiles and table rendering.
 //! - [`fakenet`]: the private daemon's fake internet (namespaces the bench makes), [`net`]: the network rows.
 //! - [`mounts`]: the bucket-mount rows (`--only-mounts`): a local S3 server, a mount vs a plain S3 client.
+//! - [`kvm`]: `--kvm-host`, Firecracker against QEMU with KVM inside a KVM test host (nested; ratios only).
 //! - `main`: the scenarios, each measured in the same run so that ratios compare like with like on a noisy
 //!   machine.
 
 mod boot;
 mod daemon;
 mod fakenet;
+mod kvm;
 mod mounts;
 mod net;
 mod state;
@@ -111,6 +113,11 @@ struct Args {
     /// Template of the mount rows' sandbox.
     #[arg(long, default_value = "debian")]
     mount_template: String,
+    /// Firecracker (jailed) against QEMU with KVM, side by side in a KVM test host (a VM under QEMU TCG with
+    /// nested SVM; needs `images/build.sh --kvm-host`): create -> first command, pause, resume, fork into 4,
+    /// template with memory. Uses --creates, --pause-cycles, --template-creates and --memory-mib.
+    #[arg(long, conflicts_with_all = ["only_net", "external", "only_boot", "only_mounts"])]
+    kvm_host: bool,
 }
 
 fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
@@ -120,6 +127,29 @@ fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if args.kvm_host {
+        let bins = match &args.hearthd {
+            Some(h) => h.parent().map(std::path::Path::to_path_buf).unwrap_or_default(),
+            None => std::env::current_exe()?
+                .parent()
+                .context("the directory of hearth-bench")?
+                .to_path_buf(),
+        };
+        let kvm_args = kvm::KvmArgs {
+            creates: args.creates,
+            pause_cycles: args.pause_cycles,
+            template_creates: args.template_creates,
+            memory_mib: args.memory_mib,
+            bins,
+        };
+        let rows = kvm::rows(&kvm_args).await?;
+        println!(
+            "hearth-bench: KVM test host (nested under TCG; compare ratios, not seconds) memory={} MiB\n",
+            args.memory_mib
+        );
+        println!("{}", stats::render(&rows));
+        return Ok(());
+    }
     if args.only_boot {
         let accel = if hearth_vmm::detect::probe().kvm.is_usable() {
             hearth_vmm::Accel::Kvm

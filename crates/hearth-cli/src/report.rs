@@ -35,7 +35,7 @@ fn describe_client(err: &ClientError, url: &str) -> (String, Option<String>) {
             let msg = format!("cannot reach hearthd at {origin}: {root}");
             let hint = if err.is_connect() {
                 Some(format!(
-                    "is hearthd running? start it with `sudo hearthd` (it listens on 127.0.0.1:7070 by \
+                    "is hearthd running? start it as root with `hearthd` (it listens on 127.0.0.1:7070 by \
                      default), or point --url / HEARTH_URL at it (now {url})"
                 ))
             } else if err.is_timeout() {

@@ -8,6 +8,8 @@
 //! - the daemon: [`Options`] (how to start it, a builder), [`Hearthd`] (the running daemon, its address, key and
 //!   log, restarts, cleanup on drop), [`pids_mentioning`] (what it left running).
 //! - [`TestNetns`]: `ip netns add`, removed on drop.
+//! - [`kvm_host`]: a VM with a working `/dev/kvm` (nested SVM under QEMU TCG) running hearthd, Firecracker and
+//!   QEMU+KVM, for tests of what only KVM shows.
 //! - [`hostile_disk`]: disk headers a hostile guest writes to steer the host, and a watched canary host file.
 //! - [`s3`]: real S3-compatible servers (s3s-fs, moto) on 127.0.0.1 for object-storage tests.
 
@@ -19,6 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+pub mod kvm_host;
 
 /// Where `images/build.sh` puts the guest images (overridable like the daemon's own flag).
 pub fn images_dir() -> PathBuf {
@@ -76,6 +80,48 @@ pub fn build_bins(bins: &[(&str, &str)]) -> PathBuf {
         built.push((package.to_owned(), bin.to_owned()));
     }
     dir
+}
+
+/// Builds the integration test binaries `tests` of `package` (`cargo test --no-run`) and returns each one's
+/// name and executable, for tests that run other tests elsewhere (e.g. inside a [`kvm_host::KvmHost`]).
+pub fn build_test_bins(package: &str, tests: &[&str]) -> Vec<(String, PathBuf)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut build = Command::new(cargo);
+    build.args(["test", "-q", "--no-run", "--message-format=json", "-p", package]);
+    for t in tests {
+        build.args(["--test", t]);
+    }
+    if profile_dir().file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let out = build
+        .current_dir(workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "building the tests {tests:?} of {package} failed"
+    );
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(exe)) = (msg["target"]["name"].as_str(), msg["executable"].as_str()) else {
+            continue;
+        };
+        if msg["target"]["kind"][0] == "test" && tests.contains(&name) {
+            found.push((name.to_owned(), PathBuf::from(exe)));
+        }
+    }
+    for t in tests {
+        assert!(
+            found.iter().any(|(n, _)| n == t),
+            "cargo built no test binary {t} of {package}"
+        );
+    }
+    found
 }
 
 /// The `hearthd` binary, built once per test process.

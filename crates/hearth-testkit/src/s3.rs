@@ -41,7 +41,7 @@ impl S3Kind {
         let installed = PathBuf::from(installed);
         assert!(
             installed.is_file(),
-            "{name} is not installed at {}: run `sudo bash scripts/install-test-deps.sh` (or set {var})",
+            "{name} is not installed at {}: run `bash scripts/install-test-deps.sh` as root (or set {var})",
             installed.display()
         );
         installed

@@ -61,6 +61,8 @@ pub struct HostProbe {
     pub qemu: Result<BinaryInfo, String>,
     /// Firecracker binary, or why it is unusable.
     pub firecracker: Result<BinaryInfo, String>,
+    /// Firecracker's jailer ([`find_jailer`]), or why there is none.
+    pub jailer: Result<PathBuf, String>,
     /// `/dev/net/tun` can be opened, or why not.
     pub tun: Result<(), String>,
     /// Running as root (needed for taps, network namespaces and the Firecracker jailer).
@@ -138,6 +140,7 @@ pub fn probe() -> HostProbe {
         pvm,
         qemu: find_qemu().and_then(|p| binary_info(&p)),
         firecracker: find_firecracker().and_then(|p| binary_info(&p)),
+        jailer: find_firecracker().and_then(|p| find_jailer(&p)),
         tun: OpenOptions::new()
             .read(true)
             .write(true)
@@ -199,6 +202,25 @@ pub fn find_firecracker() -> Result<PathBuf, String> {
     which("firecracker")
         .or_else(|| which(FIRECRACKER_DEFAULT_PATH))
         .ok_or_else(|| format!("firecracker not found on PATH nor at {FIRECRACKER_DEFAULT_PATH}"))
+}
+
+/// Firecracker's jailer: `HEARTH_JAILER_BIN`, else `jailer` next to the Firecracker binary (upstream releases
+/// ship them together; they must be the same version), else `jailer` on `PATH`.
+pub fn find_jailer(firecracker: &Path) -> Result<PathBuf, String> {
+    if let Ok(p) = std::env::var("HEARTH_JAILER_BIN") {
+        return which(&p).ok_or_else(|| format!("HEARTH_JAILER_BIN={p} is not an executable file"));
+    }
+    firecracker
+        .parent()
+        .map(|d| d.join("jailer"))
+        .filter(|p| is_executable(p))
+        .or_else(|| which("jailer"))
+        .ok_or_else(|| {
+            format!(
+                "no jailer next to {} nor on PATH (it comes with Firecracker's release)",
+                firecracker.display()
+            )
+        })
 }
 
 /// Runs `<binary> --version` and shortens the answer ("QEMU 10.0.2", "Firecracker v1.12.1").
@@ -328,7 +350,8 @@ pub const REQUIRED_IMAGES: &[&str] = &[
     "manifest.json",
 ];
 
-/// The findings, in a stable order: kvm, qemu, firecracker, tun, root, images.
+/// The findings, in a stable order: kvm, qemu, firecracker, jailer (when Firecracker is there), tun, root,
+/// images.
 pub fn checks(probe: &HostProbe, images_dir: &Path) -> Vec<Check> {
     use CheckStatus::{Fail, Ok as Good, Warn};
     let mut out = Vec::new();
@@ -374,6 +397,24 @@ pub fn checks(probe: &HostProbe, images_dir: &Path) -> Vec<Check> {
         ),
         Err(e) => check("firecracker", Warn, e.clone()),
     });
+    if probe.firecracker.is_ok() {
+        out.push(match (&probe.jailer, probe.root) {
+            (Ok(j), true) => check(
+                "jailer",
+                Good,
+                format!("Firecracker runs jailed ({})", j.display()),
+            ),
+            (Ok(j), false) => check(
+                "jailer",
+                Warn,
+                format!(
+                    "{} found, but the jailer needs root: Firecracker would run unjailed",
+                    j.display()
+                ),
+            ),
+            (Err(e), _) => check("jailer", Warn, format!("{e}: Firecracker would run unjailed")),
+        });
+    }
     out.push(match &probe.tun {
         Ok(()) => check("tun", Good, "/dev/net/tun can be opened"),
         Err(e) => check("tun", Warn, format!("{e}; sandbox networking unavailable")),
@@ -437,6 +478,7 @@ mod tests {
             } else {
                 Err("firecracker not found".into())
             },
+            jailer: Ok(PathBuf::from("/usr/bin/jailer")),
             tun: Ok(()),
             root: true,
         }
@@ -540,7 +582,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let c = checks(&host(KvmStatus::Pvm, true, true, true), dir.path());
         let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["kvm", "qemu", "firecracker", "tun", "root", "images"]);
+        assert_eq!(
+            names,
+            ["kvm", "qemu", "firecracker", "jailer", "tun", "root", "images"]
+        );
         let images = c.last().expect("images check");
         assert_eq!(images.status, CheckStatus::Fail);
         assert!(images.detail.contains("vmlinuz"), "{}", images.detail);
@@ -560,6 +605,15 @@ mod tests {
         assert_eq!(status("images"), Some(CheckStatus::Ok));
         assert_eq!(status("kvm"), Some(CheckStatus::Ok));
         assert_eq!(status("firecracker"), Some(CheckStatus::Ok));
+        assert_eq!(status("jailer"), Some(CheckStatus::Ok));
+        let mut no_jailer = host(KvmStatus::Usable(12), false, true, true);
+        no_jailer.jailer = Err("no jailer".into());
+        let c = checks(&no_jailer, dir.path());
+        let jailer = c.iter().find(|c| c.name == "jailer").expect("jailer check");
+        assert_eq!(jailer.status, CheckStatus::Warn);
+        assert!(jailer.detail.contains("unjailed"), "{}", jailer.detail);
+        let without_fc = checks(&host(KvmStatus::Usable(12), false, false, true), dir.path());
+        assert!(without_fc.iter().all(|c| c.name != "jailer"));
     }
 
     /// The build and CI machines are PVM guests (docs ENVIRONMENT.md): the probe must say so.

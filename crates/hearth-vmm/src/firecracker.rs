@@ -10,7 +10,9 @@
 //! - `sock`: socket addresses, including symlink-proof ones inside a jail;
 //! - `snapshot`: pause, resume, snapshot create and load ([`SnapshotFiles`]);
 //! - [`snapshot_dir`]: the trait's `snapshot` (pause or checkpoint into a directory) and `restore`;
-//! - [`jailer`]: the optional jailer (chroot, uid/gid, cgroups).
+//! - [`jailer`]: the jailer (chroot, uid/gid, PID and mount namespaces), [`cgroups`]: the jailed VM's cgroup
+//!   limits, their removal and the sweep of those nobody owns;
+//! - `console`: keeps `firecracker.log` (the guest's serial console) bounded while the VM runs.
 //!
 //! # Network
 //! With [`VmSpec::net`] the process runs inside the sandbox's network namespace (`setns` before exec, or the
@@ -37,6 +39,8 @@ use tokio::net::UnixStream;
 use crate::{Accel, DiskFormat, SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind};
 
 pub mod api;
+pub mod cgroups;
+mod console;
 mod http;
 pub mod jailer;
 mod process;
@@ -46,7 +50,7 @@ mod sock;
 mod vsock;
 
 pub use api::ApiClient;
-pub use jailer::{CgroupVersion, JailerConfig};
+pub use jailer::{CgroupVersion, JailLaunch, JailerConfig};
 pub use snapshot::SnapshotFiles;
 pub use sock::SocketAddr;
 
@@ -63,6 +67,10 @@ pub const LOG_FILE: &str = "firecracker.log";
 pub const PID_FILE: &str = "firecracker.pid";
 /// Symlink to [`VmSpec::disk`] in the run directory (unjailed VMs), the drive path Firecracker is given.
 pub const DISK_LINK: &str = "rootfs.disk";
+/// Present while the guest may still have to act on the vsock reset of a snapshot (after a restore or a
+/// checkpoint): the next [`Vmm::connect_agent`] pokes the guest first (see `vsock::poke`). A file, so that a
+/// daemon restarted in between still knows.
+const VSOCK_RESET_MARK: &str = "vsock.reset-pending";
 const JAIL_DIR: &str = "jail";
 
 /// Guest vsock port the agent listens on, and the guest's context id.
@@ -105,6 +113,8 @@ pub struct FirecrackerVmm {
     version: String,
     jailer: Option<JailerConfig>,
     timeouts: Timeouts,
+    /// The VMs whose serial log a task keeps bounded (see `console`).
+    consoles: console::Trimmers,
 }
 
 impl FirecrackerVmm {
@@ -132,6 +142,7 @@ impl FirecrackerVmm {
             version,
             jailer: None,
             timeouts: Timeouts::default(),
+            consoles: console::Trimmers::default(),
         })
     }
 
@@ -148,6 +159,11 @@ impl FirecrackerVmm {
 
     pub fn binary(&self) -> &Path {
         &self.binary
+    }
+
+    /// The jailer configuration, when VMs run jailed.
+    pub fn jailer(&self) -> Option<&JailerConfig> {
+        self.jailer.as_ref()
     }
 
     /// Typed API client for a VM's socket (pause, resume, snapshots).
@@ -177,8 +193,8 @@ impl FirecrackerVmm {
 
     /// Keeps `<run>/firecracker.log` (Firecracker's log and the guest's serial console, which a hostile
     /// guest can flood) under `max_bytes`: when it is larger, it is cut down to its last `max_bytes / 2`
-    /// bytes. Safe while the VM runs (its stdio appends). Returns whether it trimmed. The daemon calls this
-    /// periodically.
+    /// bytes. Safe while the VM runs (its stdio appends). Returns whether it trimmed. The driver does this
+    /// every second for each VM it started or adopted (`console`).
     pub fn trim_log(&self, vm: &VmHandle, max_bytes: u64) -> Result<bool, VmmError> {
         let path = vm.run_dir.join(LOG_FILE);
         process::trim_log(&path, max_bytes).map_err(|source| VmmError::Io { path, source })
@@ -246,11 +262,25 @@ impl FirecrackerVmm {
             }
             Some(cfg) => {
                 let jail = jailer::Jail::new(run, &self.binary, iid);
-                jail.populate(cfg, &spec.images.vmlinux, &spec.images.initramfs, &spec.disk)
+                let ids = cfg.ids_for(&spec.id);
+                jail.populate(ids, &spec.images.vmlinux, &spec.images.initramfs, &spec.disk)
                     .map_err(|e| start_failed(format!("preparing the jail: {e}")))?;
-                let netns = spec.net.as_ref().map(|n| n.netns.as_path());
+                cgroups::prepare_parent(cfg, &self.binary)
+                    .map_err(|e| start_failed(format!("preparing the parent cgroup: {e}")))?;
+                let limits = if cfg.shape_limits {
+                    cgroups::shape_settings(cfg.cgroup_version, spec.vcpus, spec.memory_mib)
+                } else {
+                    Vec::new()
+                };
+                let launch = JailLaunch {
+                    firecracker: &self.binary,
+                    instance_id: iid,
+                    ids,
+                    netns: spec.net.as_ref().map(|n| n.netns.as_path()),
+                    limits: &limits,
+                };
                 let args = jail
-                    .args(cfg, &self.binary, iid, netns, &["--api-sock", jailer::API_SOCKET])
+                    .args(cfg, &launch, &["--api-sock", jailer::API_SOCKET])
                     .map_err(|e| start_failed(e.to_string()))?;
                 let paths = GuestPaths {
                     kernel: jailer::KERNEL.into(),
@@ -272,6 +302,73 @@ impl FirecrackerVmm {
         let proc_id = process::spawn_detached_in(program, &args, &log, cwd, netns)
             .map_err(|e| start_failed(e.to_string()))?;
         Ok((proc_id, paths))
+    }
+
+    /// With `--new-pid-ns` the jailer forks Firecracker into a new PID namespace, writes its pid into the
+    /// chroot and exits: waits for that, and returns Firecracker's identity. Without, the jailer execs
+    /// Firecracker in place and `spawned` is already it.
+    async fn jailed_process(
+        &self,
+        spec: &VmSpec,
+        iid: &str,
+        spawned: ProcessId,
+    ) -> Result<ProcessId, VmmError> {
+        if !self.jailer.as_ref().is_some_and(|c| c.new_pid_ns) {
+            return Ok(spawned);
+        }
+        let jail = jailer::Jail::new(&spec.run_dir, &self.binary, iid);
+        let log = spec.run_dir.join(LOG_FILE);
+        let failed = |what: String| VmmError::StartFailed {
+            id: spec.id.clone(),
+            detail: format!("{what}; log tail: {}", process::log_tail(&log)),
+        };
+        let deadline = Instant::now() + self.timeouts.api_socket;
+        let mut pid = None;
+        loop {
+            // The jailer writes the file, then exits: once it is gone the file is complete (or missing).
+            if pid.is_none() && !process::is_running(spawned) {
+                pid = Some(
+                    jail.read_pid_file(&self.binary)
+                        .ok_or_else(|| failed("the jailer exited without starting Firecracker".into()))?,
+                );
+            }
+            if let Some(pid) = pid {
+                match self.jailed_identity(pid, iid, spawned) {
+                    Some(Ok(id)) => return Ok(id),
+                    Some(Err(what)) => return Err(failed(what)),
+                    None => {} // still between the jailer's fork and Firecracker's exec
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(failed(format!(
+                    "no jailed Firecracker within {:?} (pid file: {pid:?})",
+                    self.timeouts.api_socket
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Whether `pid` (from the jailer's pid file) is this launch's Firecracker: started after the jailer, its
+    /// executable the jail's copy of Firecracker and its command line naming the instance (`--id <iid>`).
+    /// `None` while the jailer's child has not exec'ed Firecracker yet (during exec, the command line is
+    /// briefly empty), an error when the process is gone or is something else.
+    fn jailed_identity(&self, pid: u32, iid: &str, spawned: ProcessId) -> Option<Result<ProcessId, String>> {
+        let Some(start_ticks) = crate::process_start_ticks(pid) else {
+            return Some(Err(format!(
+                "the jailed Firecracker (pid {pid}) exited during startup"
+            )));
+        };
+        if start_ticks < spawned.start_ticks {
+            return Some(Err(format!(
+                "the jailer's pid file names pid {pid}, an older process"
+            )));
+        }
+        let exe_ok = process::exe_of(pid).is_some_and(|exe| self.is_jailed_exe(&exe));
+        let needle = [b"--id\0".as_slice(), iid.as_bytes(), b"\0"].concat();
+        let named = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle));
+        (exe_ok && named).then_some(Ok(ProcessId { pid, start_ticks }))
     }
 
     /// Everything after the API socket is up: machine, boot source, disk, vsock, NIC, entropy, start.
@@ -371,12 +468,17 @@ impl FirecrackerVmm {
         Self::remove_run_files(run);
 
         let spawned_at = Instant::now();
-        let (proc_id, paths) = match self.spawn(spec, &Self::instance_id(&spec.id)) {
+        let iid = Self::instance_id(&spec.id);
+        let (spawned, paths) = match self.spawn(spec, &iid) {
             Ok(v) => v,
             Err(e) => {
                 Self::remove_run_files(run);
                 return Err(e);
             }
+        };
+        let proc_id = match self.jailed_process(spec, &iid, spawned).await {
+            Ok(p) => p,
+            Err(e) => return Err(self.abort(spec, spawned, e).await),
         };
         let log = run.join(LOG_FILE);
         if let Err(e) = process::wait_for_socket(
@@ -424,6 +526,7 @@ impl FirecrackerVmm {
                 )
                 .await);
         }
+        self.consoles.watch(&spec.run_dir, proc_id);
         tracing::info!(
             id = %spec.id,
             pid = proc_id.pid,
@@ -442,32 +545,65 @@ impl FirecrackerVmm {
 
     /// Removes what `start` created in the run directory (never the disk or the directory itself).
     fn remove_run_files(run: &Path) {
-        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE] {
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE, LOG_FILE, VSOCK_RESET_MARK] {
             let _ = std::fs::remove_file(run.join(name));
         }
         remove_disk_link(run);
         let _ = std::fs::remove_dir_all(run.join(JAIL_DIR));
     }
 
-    /// Removes the cgroups the jailer made for a VM whose process is gone. The kernel releases a cgroup a
-    /// moment after its last task is reaped, so `EBUSY` is retried briefly.
+    /// Records that the guest in `run_dir` has a vsock reset pending (see [`VSOCK_RESET_MARK`]).
+    pub(super) fn mark_vsock_reset(run_dir: &Path) {
+        if let Err(e) = std::fs::write(run_dir.join(VSOCK_RESET_MARK), b"") {
+            tracing::warn!(run_dir = %run_dir.display(), error = %e, "cannot record the pending vsock reset");
+        }
+    }
+
+    /// Removes the cgroups the jailer made for a VM whose process is gone (anything still in them, e.g. a
+    /// Firecracker whose start was aborted, is killed first).
     async fn remove_cgroups(&self, run_dir: &Path) {
         let Some(cfg) = &self.jailer else { return };
         let Some(iid) = jailed_instance_id(run_dir, &self.binary) else {
             return;
         };
-        for dir in jailer::Jail::cgroup_dirs(cfg, &self.binary, &iid) {
-            let deadline = Instant::now() + Duration::from_secs(2);
-            loop {
-                match std::fs::remove_dir(&dir) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
+        for dir in cgroups::vm_dirs(cfg, &self.binary, &iid) {
+            if !cgroups::pids_in(&dir).is_empty() {
+                cgroups::kill_all(&dir).await;
+            }
+            if let Err(e) = cgroups::remove(&dir).await {
+                tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove the VM's cgroup");
+            }
+        }
+    }
+
+    /// Removes the cgroups of VMs that are not in `keep` (the daemon's live VMs), killing what still runs in
+    /// them: a VM nobody owns any more (its sandbox was removed while the daemon was down, or a crash came
+    /// between its start and its record). Only the parent cgroup of this configuration is looked at.
+    pub async fn sweep_cgroups(&self, keep: &[VmHandle]) {
+        let Some(cfg) = &self.jailer else { return };
+        let keep: Vec<String> = keep
+            .iter()
+            .filter_map(|h| jailed_instance_id(&h.run_dir, &self.binary))
+            .collect();
+        for parent in cgroups::parent_dirs(cfg, &self.binary) {
+            let Ok(entries) = std::fs::read_dir(&parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !entry.path().is_dir() || keep.contains(&name) {
+                    continue;
+                }
+                let dir = entry.path();
+                let pids = cgroups::pids_in(&dir);
+                if !pids.is_empty() {
+                    tracing::info!(cgroup = %dir.display(), ?pids, "killing the VMM of a VM nobody owns");
+                    cgroups::kill_all(&dir).await;
+                }
+                match cgroups::remove(&dir).await {
+                    Ok(()) => tracing::info!(cgroup = %dir.display(), "removed an unowned VM cgroup"),
                     Err(e) => {
-                        tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove the VM's cgroup");
-                        break;
+                        tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove an unowned VM cgroup")
                     }
                 }
             }
@@ -489,11 +625,14 @@ impl FirecrackerVmm {
         if exe == self.binary || std::fs::canonicalize(&self.binary).is_ok_and(|b| b == exe) {
             return true;
         }
-        run_dir.join(JAIL_DIR).is_dir()
-            && self
-                .binary
-                .file_name()
-                .is_some_and(|name| exe == Path::new("/").join(name))
+        run_dir.join(JAIL_DIR).is_dir() && self.is_jailed_exe(exe)
+    }
+
+    /// `/<exec name>`: Firecracker's executable as a jailed process (in its own mount namespace) shows it.
+    fn is_jailed_exe(&self, exe: &Path) -> bool {
+        self.binary
+            .file_name()
+            .is_some_and(|name| exe == Path::new("/").join(name))
     }
 }
 
@@ -584,7 +723,13 @@ impl Vmm for FirecrackerVmm {
     }
 
     async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {
+        // Adopted VMs (after a daemon restart) get their log bounded again here.
+        self.consoles.watch(&vm.run_dir, Self::proc_id(vm));
         let uds = self.socket_addr(&vm.run_dir, VSOCK_SOCKET);
+        let mark = vm.run_dir.join(VSOCK_RESET_MARK);
+        if mark.exists() && vsock::poke(&uds, self.timeouts.agent_handshake).await {
+            let _ = std::fs::remove_file(&mark);
+        }
         vsock::connect(&uds, AGENT_VSOCK_PORT, self.timeouts.agent_handshake)
             .await
             .map_err(|e| VmmError::AgentChannel {
@@ -622,6 +767,14 @@ impl Vmm for FirecrackerVmm {
         remove_disk_link(&vm.run_dir);
         let _ = std::fs::remove_dir_all(vm.run_dir.join(JAIL_DIR));
         Ok(())
+    }
+
+    fn snapshot_resets_agent_channel(&self) -> bool {
+        true
+    }
+
+    async fn sweep(&self, live: &[VmHandle]) {
+        self.sweep_cgroups(live).await;
     }
 
     fn is_alive(&self, vm: &VmHandle) -> bool {

@@ -333,6 +333,21 @@ pub trait Vmm: Send + Sync {
     /// True when the VM process recorded in `vm` still runs (same pid, same start time, our binary).
     fn is_alive(&self, vm: &VmHandle) -> bool;
 
+    /// Whether a snapshot of a running VM drops the guest's end of the agent channel. Firecracker resets every
+    /// vsock connection of the VM it snapshots (`VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`), so after a checkpoint
+    /// the caller replaces its connection before sending anything on it. Default: no (QEMU's virtio-serial
+    /// port is untouched).
+    fn snapshot_resets_agent_channel(&self) -> bool {
+        false
+    }
+
+    /// Removes what the driver keeps on the host outside run directories (Firecracker: jailed VMs' cgroups)
+    /// for every VM not in `live`, killing a VMM that still runs there: the daemon calls it once at start,
+    /// after recovery, with the VMs it adopted. Default: nothing to remove.
+    async fn sweep(&self, live: &[VmHandle]) {
+        let _ = live;
+    }
+
     /// Saves the VM's full running state (memory and device state) into `dest`, a fresh empty directory, and
     /// fsyncs every file written. `disk` is the VM's current disk ([`VmSpec::disk`]); with
     /// [`SnapshotMode::Checkpoint`] the driver copies it into `dest` while the VM is stopped, so memory and

@@ -196,10 +196,11 @@ async fn jailed_snapshot_restores_into_a_fresh_jail() {
     };
     vmm.create_snapshot(&vm, &files).await.expect("jailed snapshot");
     for f in [&files.state, &files.memory] {
-        // Taken out of the jail and handed to root: the jailed uid cannot reopen it.
+        // Taken out of the jail and handed to root, read-only for everyone: no jailed uid can change it, and a
+        // restore links it into the new jail instead of copying it.
         let meta = std::fs::symlink_metadata(f).expect("snapshot file");
         assert!(meta.is_file());
-        assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600), "{}", f.display());
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o444), "{}", f.display());
     }
     vmm.stop(&vm).await.expect("stop");
     drop(guard);
@@ -217,6 +218,22 @@ async fn jailed_snapshot_restores_into_a_fresh_jail() {
             .expect("describe")
             .state,
         "Running"
+    );
+    // A restored VM's memory stays backed by the snapshot it came from: it snapshots again elsewhere
+    // (regression: the second pause of a resumed sandbox failed with EACCES on that file).
+    vmm.pause(&restored).await.expect("pause restored");
+    let again = SnapshotFiles {
+        state: sbx.tmp.path().join("vm2.state"),
+        memory: sbx.tmp.path().join("vm2.mem"),
+    };
+    vmm.create_snapshot(&restored, &again)
+        .await
+        .expect("snapshot of a restored VM");
+    assert!(
+        std::fs::metadata(&again.memory)
+            .expect("second memory file")
+            .len()
+            > 0
     );
     vmm.stop(&restored).await.expect("stop restored");
     assert!(processes_mentioning(&sbx.dir).is_empty());
@@ -242,7 +259,7 @@ async fn jailed_checkpoint_forks_into_another_jail_through_the_trait() {
         .await
         .expect("jailed checkpoint");
     assert!(vmm.is_alive(&vm), "the original runs on");
-    // The files are root's, private, and none is an inode the still-running jailed process has open.
+    // The files are root's, read-only, and none is an inode the still-running jailed process has open.
     let held: Vec<(u64, u64)> = std::fs::read_dir(format!("/proc/{}/fd", vm.pid))
         .expect("fds")
         .filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
@@ -251,9 +268,16 @@ async fn jailed_checkpoint_forks_into_another_jail_through_the_trait() {
     for f in &info.files {
         let meta = std::fs::symlink_metadata(dir.join(f)).expect("snapshot file");
         assert!(meta.is_file(), "{f}");
+        // The memory and state are read-only (restores link them into their jails); the disk copy is
+        // private (a fork copies it).
+        let mode = if info.disk.as_deref() == Some(f.as_str()) {
+            0o600
+        } else {
+            0o444
+        };
         assert_eq!(
             (meta.uid(), meta.mode() & 0o777, meta.nlink()),
-            (0, 0o600, 1),
+            (0, mode, 1),
             "{f}"
         );
         assert!(

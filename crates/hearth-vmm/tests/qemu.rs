@@ -23,7 +23,7 @@ fn images_dir() -> PathBuf {
 fn require(path: PathBuf) -> PathBuf {
     assert!(
         path.exists(),
-        "{} is missing: build the guest images first with `sudo images/build.sh` (HEARTH_IMAGES={})",
+        "{} is missing: build the guest images first with `bash images/build.sh` (as root) (HEARTH_IMAGES={})",
         path.display(),
         images_dir().display()
     );
@@ -96,7 +96,7 @@ async fn wait_for_agent(vmm: &QemuVmm, vm: &VmHandle) -> AgentClient {
                 Ok(client) => return client,
                 Err(ClientError::VersionMismatch { host, agent }) => panic!(
                     "the agent in {} speaks protocol {agent}, this build speaks {host}: the guest images are \
-                     stale, rebuild them with `sudo images/build.sh`",
+                     stale, rebuild them with `bash images/build.sh` (as root)",
                     images_dir().display()
                 ),
                 Err(e) => last = e.to_string(),

@@ -131,6 +131,23 @@ pub async fn recover(svc: &Arc<Sandboxes>) -> Result<(), ServiceError> {
     Ok(())
 }
 
+/// After recovery: lets the VMM driver remove what it keeps outside run directories (jailed Firecracker's
+/// cgroups) for every VM the daemon does not run, like the network sweep does for namespaces.
+pub async fn sweep_vmm(svc: &Sandboxes) {
+    let live: Vec<VmHandle> = match svc.db().list() {
+        Ok(rows) => rows
+            .into_iter()
+            .filter_map(|r| r.handle)
+            .filter(|h| h.kind == svc.vmm.kind() && svc.vmm.is_alive(h))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list sandboxes; VMM sweep skipped");
+            return;
+        }
+    };
+    svc.vmm.sweep(&live).await;
+}
+
 /// A pause interrupted by the restart: a complete, valid snapshot means the pause happened (commit it);
 /// otherwise the VM keeps running if it still does, else the sandbox failed.
 async fn finish_pause(svc: &Arc<Sandboxes>, row: SandboxRow) -> Result<(), ServiceError> {

@@ -15,6 +15,18 @@ pub enum VmmChoice {
     Firecracker,
 }
 
+/// Whether Firecracker runs under its jailer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JailerChoice {
+    /// Jailed when the daemon runs as root and the jailer is installed (next to Firecracker, or
+    /// `HEARTH_JAILER_BIN`); otherwise unjailed, with a warning and a `hearth doctor` finding.
+    Auto,
+    /// Always jailed: the daemon refuses to start when it cannot.
+    On,
+    /// Never jailed (development only: one VMM's compromise is then the daemon's uid).
+    Off,
+}
+
 /// Whether sandboxes get a network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NetworkChoice {
@@ -43,6 +55,10 @@ pub struct Args {
     /// VMM backend.
     #[arg(long, env = "HEARTH_VMM", value_enum, default_value_t = VmmChoice::Auto)]
     pub vmm: VmmChoice,
+    /// Firecracker under its jailer: a chroot, a uid/gid per sandbox, PID and mount namespaces of its own and
+    /// cgroup limits from the sandbox's shape (vCPUs, memory, tasks).
+    #[arg(long, env = "HEARTH_JAILER", value_enum, default_value_t = JailerChoice::Auto)]
+    pub jailer: JailerChoice,
     /// Template used when a create request names none: `base` (Python, Node.js, Bun, Go, Rust, the Pi agent;
     /// built by images/build.sh). Tests that need a small, fast image name `minimal` or `debian` explicitly.
     #[arg(long, env = "HEARTH_DEFAULT_TEMPLATE", default_value = "base")]

@@ -11,7 +11,7 @@ use hearth_vmm::detect::{self, VmmPreference};
 use hearth_vmm::{Vmm, VmmKind};
 use tokio::net::TcpListener;
 
-use crate::config::{self, Args, Paths, VmmChoice};
+use crate::config::{self, Args, JailerChoice, Paths, VmmChoice};
 use crate::db::Db;
 use crate::http::{self, AppState};
 use crate::service::{Sandboxes, Settings, VmmInfo, now_ms};
@@ -21,14 +21,18 @@ use crate::{adopt, auth, metrics, reaper};
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Picks and builds the VMM driver, logging the choice and its reason.
-pub fn build_vmm(choice: VmmChoice, paths: &Paths) -> anyhow::Result<(Arc<dyn Vmm>, VmmInfo)> {
+pub fn build_vmm(
+    choice: VmmChoice,
+    jailer: JailerChoice,
+    paths: &Paths,
+) -> anyhow::Result<(Arc<dyn Vmm>, VmmInfo)> {
     let probe = detect::probe();
     let pref = match choice {
         VmmChoice::Auto => VmmPreference::Auto,
         VmmChoice::Qemu => VmmPreference::Qemu,
         VmmChoice::Firecracker => VmmPreference::Firecracker,
     };
-    let checks = detect::checks(&probe, &paths.images_dir)
+    let mut checks: Vec<hearth_api::Check> = detect::checks(&probe, &paths.images_dir)
         .into_iter()
         .map(|c| hearth_api::Check {
             name: c.name,
@@ -51,7 +55,22 @@ pub fn build_vmm(choice: VmmChoice, paths: &Paths) -> anyhow::Result<(Arc<dyn Vm
                 .firecracker
                 .as_ref()
                 .map_err(|e| anyhow::anyhow!("firecracker: {e}"))?;
-            Arc::new(hearth_vmm::firecracker::FirecrackerVmm::new(bin.path.clone())?)
+            let fc = hearth_vmm::firecracker::FirecrackerVmm::new(bin.path.clone())?;
+            match jail_config(jailer, &probe, paths)? {
+                Some(cfg) => {
+                    tracing::info!(jailer = %cfg.jailer.display(), parent_cgroup = ?cfg.parent_cgroup,
+                        cgroup_version = ?cfg.cgroup_version, "Firecracker runs jailed");
+                    Arc::new(fc.with_jailer(cfg))
+                }
+                None => {
+                    checks.push(hearth_api::Check {
+                        name: "jailer".into(),
+                        status: "warn".into(),
+                        detail: "Firecracker runs without its jailer (--jailer off or not available)".into(),
+                    });
+                    Arc::new(fc)
+                }
+            }
         }
     };
     tracing::info!(vmm = chosen.kind.as_str(), accel = chosen.accel.as_str(), version = %vmm.version(),
@@ -63,6 +82,49 @@ pub fn build_vmm(choice: VmmChoice, paths: &Paths) -> anyhow::Result<(Arc<dyn Vm
             checks,
         },
     ))
+}
+
+/// The jailer configuration `--jailer` asks for, or `None` to run Firecracker unjailed. VMs' cgroups live below
+/// a parent named after the data directory, so two daemons on one host never sweep each other's.
+fn jail_config(
+    choice: JailerChoice,
+    probe: &detect::HostProbe,
+    paths: &Paths,
+) -> anyhow::Result<Option<hearth_vmm::firecracker::JailerConfig>> {
+    let why_not = match (&probe.jailer, probe.root) {
+        (Ok(_), true) => None,
+        (Ok(_), false) => Some("the jailer needs the daemon to run as root".to_owned()),
+        (Err(e), _) => Some(e.clone()),
+    };
+    match (choice, why_not, &probe.jailer) {
+        (JailerChoice::Off, _, _) => {
+            tracing::warn!("Firecracker runs unjailed (--jailer off)");
+            Ok(None)
+        }
+        (JailerChoice::On, Some(why), _) => anyhow::bail!("--jailer on, but {why}"),
+        (JailerChoice::Auto, Some(why), _) => {
+            tracing::warn!(reason = %why, "Firecracker runs unjailed");
+            Ok(None)
+        }
+        (_, None, Ok(jailer)) => {
+            let parent = format!(
+                "hearth-{:08x}",
+                fnv32(paths.data_dir.as_os_str().as_encoded_bytes())
+            );
+            Ok(Some(hearth_vmm::firecracker::JailerConfig::for_daemon(
+                jailer.clone(),
+                parent,
+            )))
+        }
+        (_, None, Err(e)) => anyhow::bail!("jailer: {e}"),
+    }
+}
+
+/// 32-bit FNV-1a: a short, stable name from a path.
+fn fnv32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// Why networking cannot be turned on here, if it cannot.
@@ -186,7 +248,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(paths.listen_addr());
     let db = Db::open(&paths.db())?;
     let keys = auth::ensure_key(&db, &paths.api_key(), now_ms())?;
-    let (vmm, info) = build_vmm(args.vmm, &paths)?;
+    let (vmm, info) = build_vmm(args.vmm, args.jailer, &paths)?;
     let ready_timeout = config::ready_timeout(args.ready_timeout_s, vmm.accel());
     tracing::info!(secs = ready_timeout.as_secs(), "agent readiness deadline");
     if !paths.template_image(&args.default_template).is_file() {
@@ -217,6 +279,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     // Installed before recovery so that what recovery does is counted.
     let metrics = metrics::install();
     adopt::recover(&svc).await.context("recovering sandboxes")?;
+    adopt::sweep_vmm(&svc).await;
     svc.restore_networking().await;
     tokio::spawn(reaper::reaper(svc.clone()));
     tokio::spawn(reaper::watcher(svc.clone()));

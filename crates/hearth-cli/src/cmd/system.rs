@@ -46,7 +46,7 @@ fn check(name: &str, status: CheckStatus, detail: impl Into<String>) -> Check {
 /// What `images/build.sh --check` looks for, one finding per artifact, each saying what to do.
 pub fn image_checks(dir: &Path) -> Vec<Check> {
     use CheckStatus::{Fail, Ok as Good, Warn};
-    let build = "build it with `sudo images/build.sh`";
+    let build = "build it with `bash images/build.sh` (as root)";
     if !dir.is_dir() {
         return vec![check(
             "images",

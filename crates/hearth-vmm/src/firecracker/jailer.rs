@@ -1,7 +1,8 @@
 //! Running Firecracker under its jailer (SECURITY.md promise 1): a chroot holding only what the VM needs, its
-//! own uid/gid, a new mount namespace (pivot_root), optional cgroup settings and network namespace, and
-//! Firecracker's default seccomp
-//! filters (never disabled here).
+//! own uid/gid (one per sandbox with [`JailerConfig::per_sandbox_ids`]), a new mount namespace (pivot_root), a
+//! new PID namespace ([`JailerConfig::new_pid_ns`]), cgroup limits from the VM's shape ([`super::cgroups`]),
+//! the VM's network namespace, and Firecracker's default seccomp filters (never disabled here).
+//! [`JailerConfig::for_daemon`] is what hearthd runs with.
 //!
 //! The jail lives inside the sandbox's run directory, `<run>/jail/<exec name>/<instance id>/root`, so removing
 //! the run directory removes it. Before the jailer runs, the driver puts into the chroot:
@@ -41,6 +42,15 @@ pub struct JailerConfig {
     pub cgroups: Vec<String>,
     /// Network namespace (e.g. `/run/netns/<name>`) Firecracker joins, where the VM's tap lives.
     pub netns: Option<PathBuf>,
+    /// Each sandbox's Firecracker runs as a uid/gid of its own ([`crate::qemu::vm_uid`] of the sandbox id, the
+    /// same range as QEMU's), so one compromised VMM cannot signal or read another; `uid`/`gid` are unused.
+    pub per_sandbox_ids: bool,
+    /// Limit each VM's cgroup to its shape: CPU time of its vCPUs, its memory plus the VMM's overhead, a few
+    /// tasks ([`super::cgroups::shape_settings`]).
+    pub shape_limits: bool,
+    /// `--new-pid-ns`: Firecracker is PID 1 of a namespace of its own (it sees no other process). The
+    /// jailer then exits and leaves Firecracker's pid in the chroot (see [`Jail::read_pid_file`]).
+    pub new_pid_ns: bool,
 }
 
 impl JailerConfig {
@@ -54,6 +64,36 @@ impl JailerConfig {
             parent_cgroup: None,
             cgroups: Vec::new(),
             netns: None,
+            per_sandbox_ids: false,
+            shape_limits: false,
+            new_pid_ns: false,
+        }
+    }
+
+    /// What the daemon jails every VM with: the jailer at `jailer`, a uid/gid per sandbox, the VM's shape as
+    /// cgroup limits below `parent_cgroup` on this host's hierarchy, a new PID namespace.
+    pub fn for_daemon(jailer: PathBuf, parent_cgroup: String) -> Self {
+        Self {
+            jailer,
+            uid: crate::qemu::VM_UID_BASE,
+            gid: crate::qemu::VM_UID_BASE,
+            cgroup_version: CgroupVersion::detect(),
+            parent_cgroup: Some(parent_cgroup),
+            cgroups: Vec::new(),
+            netns: None,
+            per_sandbox_ids: true,
+            shape_limits: true,
+            new_pid_ns: true,
+        }
+    }
+
+    /// The uid and gid the VM of sandbox `id` runs as.
+    pub fn ids_for(&self, id: &str) -> (u32, u32) {
+        if self.per_sandbox_ids {
+            let uid = crate::qemu::vm_uid(id);
+            (uid, uid)
+        } else {
+            (self.uid, self.gid)
         }
     }
 }
@@ -115,7 +155,7 @@ impl Jail {
     /// Builds the chroot contents before the jailer runs (see the module doc).
     pub fn populate(
         &self,
-        cfg: &JailerConfig,
+        ids: (u32, u32),
         kernel: &Path,
         initramfs: &Path,
         disk: &Path,
@@ -126,7 +166,7 @@ impl Jail {
         }
         let run = self.host_path("/run");
         std::fs::create_dir_all(&run).map_err(io_err(&run))?;
-        chown(&run, cfg)?;
+        chown(&run, ids)?;
         std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).map_err(io_err(&run))?;
 
         link_readable(kernel, &self.host_path(KERNEL))?;
@@ -138,31 +178,37 @@ impl Jail {
             jail: self.root.clone(),
             source,
         })?;
-        chown(&jailed_disk, cfg)?;
+        chown(&jailed_disk, ids)?;
         std::fs::set_permissions(&jailed_disk, std::fs::Permissions::from_mode(0o600))
             .map_err(io_err(&jailed_disk))?;
         Ok(())
     }
 
     /// Jailer arguments; `firecracker_args` go after `--` to Firecracker. `netns` (the VM's own namespace,
-    /// from [`crate::NetAttach`]) takes precedence over [`JailerConfig::netns`].
+    /// from [`crate::NetAttach`]) takes precedence over [`JailerConfig::netns`]; `limits` are cgroup settings
+    /// of this VM added to the configured ones.
     pub fn args(
         &self,
         cfg: &JailerConfig,
-        firecracker: &Path,
-        instance_id: &str,
-        netns: Option<&Path>,
+        launch: &JailLaunch<'_>,
         firecracker_args: &[&str],
     ) -> Result<Vec<OsString>, JailError> {
+        let JailLaunch {
+            firecracker,
+            instance_id,
+            ids: (uid, gid),
+            netns,
+            limits,
+        } = *launch;
         let mut args: Vec<OsString> = vec![
             "--id".into(),
             instance_id.into(),
             "--exec-file".into(),
             firecracker.into(),
             "--uid".into(),
-            cfg.uid.to_string().into(),
+            uid.to_string().into(),
             "--gid".into(),
-            cfg.gid.to_string().into(),
+            gid.to_string().into(),
             "--chroot-base-dir".into(),
             self.base.clone().into(),
             "--cgroup-version".into(),
@@ -178,7 +224,10 @@ impl Jail {
         if let Some(netns) = netns.or(cfg.netns.as_deref()) {
             args.extend(["--netns".into(), netns.into()]);
         }
-        for setting in &cfg.cgroups {
+        if cfg.new_pid_ns {
+            args.push("--new-pid-ns".into());
+        }
+        for setting in cfg.cgroups.iter().chain(limits) {
             let valid = setting.split_once('=').is_some_and(|(file, value)| {
                 !file.is_empty()
                     && !value.is_empty()
@@ -207,36 +256,52 @@ impl Jail {
         }
     }
 
-    /// Cgroup directories the jailer may have created for this VM (removed after the process exits).
-    pub fn cgroup_dirs(cfg: &JailerConfig, firecracker: &Path, instance_id: &str) -> Vec<PathBuf> {
+    /// Host path of the pid file the jailer writes with `--new-pid-ns` (`/<exec name>.pid` in the chroot).
+    pub fn pid_file_name(firecracker: &Path) -> String {
         let exec_name = firecracker
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "firecracker".into());
-        let parent = cfg.parent_cgroup.clone().unwrap_or(exec_name);
-        match cfg.cgroup_version {
-            CgroupVersion::V2 => vec![Path::new("/sys/fs/cgroup").join(&parent).join(instance_id)],
-            CgroupVersion::V1 => {
-                let mut controllers: Vec<&str> =
-                    cfg.cgroups.iter().filter_map(|s| s.split('.').next()).collect();
-                controllers.sort_unstable();
-                controllers.dedup();
-                controllers
-                    .into_iter()
-                    .map(|c| {
-                        Path::new("/sys/fs/cgroup")
-                            .join(c)
-                            .join(&parent)
-                            .join(instance_id)
-                    })
-                    .collect()
-            }
+        format!("{exec_name}.pid")
+    }
+
+    /// Reads the pid the jailer wrote into the chroot with `--new-pid-ns`, or `None` while it is not there
+    /// (or not complete). The chroot belongs to the jailed uid, so the file is opened without following
+    /// symlinks and must be a regular file owned by root (the jailer writes it before dropping privileges).
+    pub fn read_pid_file(&self, firecracker: &Path) -> Option<u32> {
+        use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+        use std::io::Read;
+        let dirfd = std::fs::File::open(&self.root).ok()?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let mut file =
+            std::fs::File::from(openat2(&dirfd, Self::pid_file_name(firecracker).as_str(), how).ok()?);
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || meta.uid() != 0 || meta.len() > 32 {
+            return None;
         }
+        let mut text = String::new();
+        file.read_to_string(&mut text).ok()?;
+        text.trim().parse().ok().filter(|pid| *pid > 1)
     }
 }
 
-fn chown(path: &Path, cfg: &JailerConfig) -> Result<(), JailError> {
-    std::os::unix::fs::chown(path, Some(cfg.uid), Some(cfg.gid)).map_err(io_err(path))
+/// What one jailed launch needs beyond the [`JailerConfig`].
+#[derive(Debug, Clone, Copy)]
+pub struct JailLaunch<'a> {
+    pub firecracker: &'a Path,
+    pub instance_id: &'a str,
+    /// uid and gid ([`JailerConfig::ids_for`]).
+    pub ids: (u32, u32),
+    /// The VM's own network namespace.
+    pub netns: Option<&'a Path>,
+    /// The VM's cgroup limits ([`super::cgroups::shape_settings`]), empty without.
+    pub limits: &'a [String],
+}
+
+fn chown(path: &Path, (uid, gid): (u32, u32)) -> Result<(), JailError> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io_err(path))
 }
 
 /// Puts a read-only boot file into the jail: a hard link when the file is world-readable and on the same
@@ -264,37 +329,55 @@ mod tests {
         );
         let mut cfg = JailerConfig::new(1000, 1001);
         cfg.cgroups = vec!["cpu.weight=100".into()];
-        let args = jail
-            .args(
-                &cfg,
-                Path::new("/opt/fc/firecracker"),
-                "sbx-1",
-                None,
-                &["--api-sock", API_SOCKET],
-            )
-            .expect("valid");
-        let args: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-        let joined = args.join(" ");
-        assert!(joined.contains("--uid 1000 --gid 1001"));
-        assert!(joined.contains("--chroot-base-dir /r/jail"));
-        assert!(joined.contains("--cgroup cpu.weight=100"));
-        assert!(joined.ends_with("-- --api-sock /run/fc.sock"));
-        assert!(!joined.contains("--netns"));
-        // The VM's own namespace wins over the configured one.
-        cfg.netns = Some("/run/netns/shared".into());
-        let with_ns = |vm_ns: Option<&Path>| {
-            jail.args(&cfg, Path::new("/f"), "x", vm_ns, &[])
+        let fc = Path::new("/opt/fc/firecracker");
+        let fixed = cfg.ids_for("sbx_1");
+        let launch = |netns: Option<&'static Path>, limits: &'static [String]| JailLaunch {
+            firecracker: fc,
+            instance_id: "sbx-1",
+            ids: fixed,
+            netns,
+            limits,
+        };
+        let joined = |cfg: &JailerConfig, l: JailLaunch<'_>| {
+            jail.args(cfg, &l, &["--api-sock", API_SOCKET])
                 .expect("valid")
                 .iter()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        assert!(with_ns(None).contains("--netns /run/netns/shared --"));
-        assert!(with_ns(Some(Path::new("/run/netns/hearth-x"))).contains("--netns /run/netns/hearth-x --"));
+        let plain = joined(&cfg, launch(None, &[]));
+        assert!(plain.contains("--uid 1000 --gid 1001"));
+        assert!(plain.contains("--chroot-base-dir /r/jail"));
+        assert!(plain.contains("--cgroup cpu.weight=100"));
+        assert!(plain.ends_with("-- --api-sock /run/fc.sock"));
+        assert!(!plain.contains("--netns") && !plain.contains("--new-pid-ns"));
+        // The VM's own namespace wins over the configured one.
+        cfg.netns = Some("/run/netns/shared".into());
+        assert!(joined(&cfg, launch(None, &[])).contains("--netns /run/netns/shared --"));
+        assert!(
+            joined(&cfg, launch(Some(Path::new("/run/netns/hearth-x")), &[]))
+                .contains("--netns /run/netns/hearth-x --")
+        );
+        // The daemon's configuration: a uid per sandbox, a new PID namespace, the shape's limits.
+        let daemon = JailerConfig::for_daemon("/j".into(), "hearth-fc-1".into());
+        let limits = super::super::cgroups::shape_settings(daemon.cgroup_version, 2, 256);
+        let ids = daemon.ids_for("sbx_1");
+        assert_eq!(ids, (crate::qemu::vm_uid("sbx_1"), crate::qemu::vm_uid("sbx_1")));
+        assert_ne!(daemon.ids_for("sbx_2"), ids);
+        let l = JailLaunch {
+            ids,
+            limits: &limits,
+            ..launch(None, &[])
+        };
+        let d = joined(&daemon, l);
+        assert!(d.contains(&format!("--uid {} --gid {}", ids.0, ids.1)), "{d}");
+        assert!(d.contains("--parent-cgroup hearth-fc-1"), "{d}");
+        assert!(d.contains("--new-pid-ns --cgroup "), "{d}");
+        assert!(d.contains(&format!("--cgroup {}", limits[0])), "{d}");
         for bad in ["cpu.weight", "=1", "../x=1", "cpu.weight="] {
             cfg.cgroups = vec![bad.into()];
-            assert!(jail.args(&cfg, Path::new("/f"), "x", None, &[]).is_err(), "{bad}");
+            assert!(jail.args(&cfg, &launch(None, &[]), &[]).is_err(), "{bad}");
         }
     }
 

@@ -28,9 +28,19 @@ pub struct SnapshotFiles {
     pub memory: PathBuf,
 }
 
-/// Where a jailed Firecracker reads and writes snapshot files, inside its chroot.
+/// Mode of the snapshot files taken out of a jail: root's and read-only for everyone. Nobody but root can
+/// change them (a snapshot is immutable once written, and the daemon keeps it in its private data
+/// directory); being readable lets a restore hard-link them into the new VM's jail instead of copying the
+/// guest's whole memory (see `jailer::link_readable`).
+pub const SNAPSHOT_FILE_MODE: u32 = 0o444;
+
+/// Where a jailed Firecracker reads a snapshot it restores, inside its chroot. A restored VM's memory stays
+/// backed by that memory file (mapped copy-on-write), so the snapshots it writes later go elsewhere.
 const JAILED_STATE: &str = "/snapshot.state";
 const JAILED_MEMORY: &str = "/snapshot.mem";
+/// Where a jailed Firecracker writes a snapshot, inside its chroot (taken out at once).
+const JAILED_STATE_OUT: &str = "/snapshot-out.state";
+const JAILED_MEMORY_OUT: &str = "/snapshot-out.mem";
 
 impl FirecrackerVmm {
     pub(super) fn vm_api_error(vm: &VmHandle, e: &api::ApiError) -> VmmError {
@@ -70,14 +80,14 @@ impl FirecrackerVmm {
         // The jailed process can only write inside its chroot: write there, then move the files out.
         let req = api::SnapshotCreate {
             snapshot_type: api::SnapshotType::Full,
-            snapshot_path: JAILED_STATE.into(),
-            mem_file_path: JAILED_MEMORY.into(),
+            snapshot_path: JAILED_STATE_OUT.into(),
+            mem_file_path: JAILED_MEMORY_OUT.into(),
         };
-        let inner_state = jail_root.join(&JAILED_STATE[1..]);
-        let inner_memory = jail_root.join(&JAILED_MEMORY[1..]);
+        let inner_state = jail_root.join(&JAILED_STATE_OUT[1..]);
+        let inner_memory = jail_root.join(&JAILED_MEMORY_OUT[1..]);
         let result = match api.create_snapshot(req).await {
-            Ok(()) => take_out(&jail_root, &JAILED_STATE[1..], &files.state)
-                .and_then(|()| take_out(&jail_root, &JAILED_MEMORY[1..], &files.memory)),
+            Ok(()) => take_out(&jail_root, &JAILED_STATE_OUT[1..], &files.state)
+                .and_then(|()| take_out(&jail_root, &JAILED_MEMORY_OUT[1..], &files.memory)),
             Err(e) => Err(Self::vm_api_error(vm, &e)),
         };
         // Unlinking names inside the chroot never follows a symlink; the chroot directory itself belongs to
@@ -128,6 +138,8 @@ impl FirecrackerVmm {
         if let Err(e) = launched.api.load_snapshot(load).await {
             return Err(self.abort(spec, launched.proc_id, api_error(&spec.id, &e)).await);
         }
+        // The snapshot carries the reset of the source VM's vsock connections, not yet seen by the guest.
+        Self::mark_vsock_reset(&spec.run_dir);
         self.finish(spec, &launched, "restored").await
     }
 
@@ -143,7 +155,7 @@ impl FirecrackerVmm {
 ///
 /// The jailed process owns the chroot, so the file is opened without following symlinks and must be a
 /// regular file with a single link; then exactly that inode is linked to `dest` (copied when `dest` is on
-/// another filesystem) and handed to root with mode 0600. A Firecracker that keeps running after the snapshot
+/// another filesystem) and handed to root with [`SNAPSHOT_FILE_MODE`]. A Firecracker that keeps running after the snapshot
 /// could still write through descriptors it holds: stop it (or copy) before committing the snapshot.
 fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
     use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat2};
@@ -176,7 +188,11 @@ fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
         dest,
         AtFlags::AT_SYMLINK_FOLLOW,
     ) {
-        Ok(()) => {}
+        Ok(()) => {
+            std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io(dest))?;
+            file.set_permissions(std::fs::Permissions::from_mode(SNAPSHOT_FILE_MODE))
+                .map_err(io(dest))
+        }
         Err(nix::Error::EXDEV) => {
             let mut out = std::fs::File::options()
                 .write(true)
@@ -185,11 +201,9 @@ fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
                 .open(dest)
                 .map_err(io(dest))?;
             std::io::copy(&mut &file, &mut out).map_err(io(dest))?;
-            return Ok(());
+            out.set_permissions(std::fs::Permissions::from_mode(SNAPSHOT_FILE_MODE))
+                .map_err(io(dest))
         }
-        Err(e) => return Err(io(dest)(e.into())),
+        Err(e) => Err(io(dest)(e.into())),
     }
-    std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io(dest))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(io(dest))
 }

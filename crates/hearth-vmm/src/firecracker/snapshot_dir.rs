@@ -72,12 +72,19 @@ impl FirecrackerVmm {
                 .ok_or_else(|| snap_err(dest, format!("GET /vm/config has no machine-config.{key}")))
         };
         let (memory_mib, vcpus) = (shape("mem_size_mib")?, shape("vcpu_count")?);
+        let started = std::time::Instant::now();
         self.pause(vm).await?;
+        let paused = started.elapsed();
         let files = files_in(dest);
         let written = self.write_paused(vm, disk, dest, &files, mode).await;
+        let saved = started.elapsed();
         let result = match written {
             Ok(()) => match mode {
-                SnapshotMode::Checkpoint => self.resume(vm).await,
+                SnapshotMode::Checkpoint => {
+                    // Writing the snapshot reset the running guest's vsock connections (pending until it sees it).
+                    Self::mark_vsock_reset(&vm.run_dir);
+                    self.resume(vm).await
+                }
                 // The state is saved: the process has nothing left to do.
                 SnapshotMode::Pause => crate::Vmm::stop(self, vm).await,
             },
@@ -95,6 +102,9 @@ impl FirecrackerVmm {
             }
             return Err(e);
         }
+        tracing::info!(vm = %vm.run_dir.display(), ?mode, pause_ms = paused.as_millis() as u64,
+            save_ms = (saved - paused).as_millis() as u64, after_ms = (started.elapsed() - saved).as_millis() as u64,
+            "firecracker snapshot");
         let mut names = vec![STATE_FILE.to_string(), MEMORY_FILE.to_string()];
         let disk_copy = (mode == SnapshotMode::Checkpoint).then(|| DISK_FILE.to_string());
         names.extend(disk_copy.clone());
@@ -120,7 +130,9 @@ impl FirecrackerVmm {
         files: &SnapshotFiles,
         mode: SnapshotMode,
     ) -> Result<(), VmmError> {
+        let started = std::time::Instant::now();
         self.create_snapshot(vm, files).await?;
+        let created = started.elapsed();
         if mode == SnapshotMode::Checkpoint {
             if self.jailer.is_some() {
                 // The jailed process wrote these inodes and runs on: a descriptor it kept could change them
@@ -133,14 +145,19 @@ impl FirecrackerVmm {
         }
         let (state, memory, dir) = (files.state.clone(), files.memory.clone(), dest.to_path_buf());
         let copy = (mode == SnapshotMode::Checkpoint).then(|| dest.join(DISK_FILE));
-        tokio::task::spawn_blocking(move || {
+        let copied = started.elapsed();
+        let synced = tokio::task::spawn_blocking(move || {
             for f in [Some(state), Some(memory), copy].into_iter().flatten() {
                 fsync(&f)?;
             }
             fsync(&dir)
         })
         .await
-        .map_err(|e| snap_err(dest, format!("fsync task: {e}")))?
+        .map_err(|e| snap_err(dest, format!("fsync task: {e}")))?;
+        tracing::debug!(vm = %vm.run_dir.display(), create_ms = created.as_millis() as u64,
+            copy_ms = (copied - created).as_millis() as u64, fsync_ms = (started.elapsed() - copied).as_millis() as u64,
+            "firecracker snapshot files");
+        synced
     }
 
     /// [`crate::Vmm::restore`] for Firecracker.
@@ -187,13 +204,16 @@ impl FirecrackerVmm {
     }
 }
 
-/// Replaces `path` by a fresh copy of itself (a new inode, root's, mode 0600).
+/// Replaces `path` by a fresh copy of itself (a new inode, root's, [`super::snapshot::SNAPSHOT_FILE_MODE`]).
 async fn replace_with_copy(path: &Path) -> Result<(), VmmError> {
     let tmp = path.with_extension("copy");
     let _ = std::fs::remove_file(&tmp); // left by an interrupted attempt
     copy_disk(path, &tmp).await?;
-    let done = std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .and_then(|()| std::fs::rename(&tmp, path));
+    let done = std::fs::set_permissions(
+        &tmp,
+        std::os::unix::fs::PermissionsExt::from_mode(super::snapshot::SNAPSHOT_FILE_MODE),
+    )
+    .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = done {
         let _ = std::fs::remove_file(&tmp);
         return Err(io(path)(e));

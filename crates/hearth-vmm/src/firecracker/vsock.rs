@@ -29,6 +29,25 @@ pub enum VsockError {
     BadAnswer(String),
 }
 
+/// A guest port nobody listens on (the agent listens on [`super::AGENT_VSOCK_PORT`]), for [`poke`].
+pub const POKE_PORT: u32 = 1023;
+
+/// Makes the guest's vsock driver act on a transport reset Firecracker left pending in a snapshot.
+///
+/// Firecracker resets the vsock connections of every VM it snapshots (`VIRTIO_VSOCK_EVENT_TRANSPORT_RESET` in
+/// the event queue), but on Firecracker 1.12 the guest only processes that event at the device's next
+/// interrupt: in a restored VM, or in the source of a checkpoint, the connections from before the snapshot
+/// linger, and the next connection made may be reset moments after it was established. A connection request
+/// to a port nobody listens on raises that interrupt and waits for the guest's refusal, by which time the
+/// reset has been handled. Returns whether the guest answered within `timeout`.
+pub async fn poke(uds: &SocketAddr, timeout: Duration) -> bool {
+    match connect(uds, POKE_PORT, timeout).await {
+        // Refused (the usual answer), or something listens there after all: either way the guest answered.
+        Err(VsockError::Closed { .. }) | Ok(_) => true,
+        Err(_) => false,
+    }
+}
+
 /// Connects to guest `port` through the vsock Unix socket `uds`, all within `timeout`.
 pub async fn connect(uds: &SocketAddr, port: u32, timeout: Duration) -> Result<UnixStream, VsockError> {
     tokio::time::timeout(timeout, handshake(uds, port))

@@ -163,6 +163,19 @@ impl Sandboxes {
         Ok((live, client))
     }
 
+    /// After a snapshot that made the guest drop its end of the agent channel
+    /// ([`hearth_vmm::Vmm::snapshot_resets_agent_channel`]): replaces the connection before any request goes
+    /// out on one about to be reset. Failures are logged: the next request reconnects by itself.
+    pub(crate) async fn reconnect_after_reset(&self, live: &Live) {
+        let started = Instant::now();
+        live.close().await;
+        match self.ensure_connected(live, RECONNECT_WINDOW).await {
+            Ok(_) => tracing::debug!(sandbox = %live.id, ms = started.elapsed().as_millis() as u64,
+                "agent channel re-established after the VMM's reset"),
+            Err(e) => tracing::warn!(sandbox = %live.id, error = %e, "reconnecting after the VMM's reset"),
+        }
+    }
+
     /// Returns the open connection of `live`, or opens a new one within `window`.
     pub(crate) async fn ensure_connected(
         &self,

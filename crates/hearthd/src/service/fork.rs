@@ -89,7 +89,13 @@ impl Sandboxes {
             mode: SnapshotMode::Checkpoint,
             created_at: created,
         };
-        let manifest = snapshot::write(self.vmm.as_ref(), &handle, &disk, &parent, &snap_id, meta).await?;
+        let written = snapshot::write(self.vmm.as_ref(), &handle, &disk, &parent, &snap_id, meta).await;
+        if self.vmm.snapshot_resets_agent_channel()
+            && let Some(live) = self.live(id)
+        {
+            self.reconnect_after_reset(&live).await;
+        }
+        let manifest = written?;
         if manifest.info.disk.is_none() {
             let _ = std::fs::remove_dir_all(parent.join(&snap_id));
             return Err(ServiceError::VmmFailed(

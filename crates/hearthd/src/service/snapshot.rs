@@ -159,10 +159,12 @@ pub async fn write(
         .create(&tmp)
         .map_err(|e| werr(format!("creating {}: {e}", tmp.display())))?;
     let result = async {
+        let started = std::time::Instant::now();
         let info = vmm
             .snapshot(vm, disk, &tmp, meta.mode)
             .await
             .map_err(|e| werr(e.to_string()))?;
+        let captured = started.elapsed();
         let tmp2 = tmp.clone();
         let vmm_kind = vmm.kind();
         let manifest = tokio::task::spawn_blocking(move || seal(&tmp2, info, vmm_kind, meta))
@@ -171,6 +173,10 @@ pub async fn write(
             .map_err(werr)?;
         std::fs::rename(&tmp, &dest).map_err(|e| werr(format!("rename into place: {e}")))?;
         fsync_dir(parent).map_err(|e| werr(format!("fsync {}: {e}", parent.display())))?;
+        // Where a pause's time goes (the VMM's capture, then hashing every file for the manifest).
+        tracing::info!(snapshot = %dest.display(), capture_ms = captured.as_millis() as u64,
+            seal_ms = (started.elapsed() - captured).as_millis() as u64, bytes = manifest.size_bytes(),
+            "snapshot written");
         Ok(manifest)
     }
     .await;
@@ -263,6 +269,14 @@ fn seal(dir: &Path, info: SnapshotInfo, vmm: VmmKind, meta: OwnedMeta) -> Result
 /// Reads and checks the snapshot in `dir` (blocking: hashes small files, compares large files' fingerprints).
 /// `vmm` is the driver that would restore it.
 pub fn verify(dir: &Path, vmm: VmmKind) -> Result<Manifest, SnapshotError> {
+    let started = std::time::Instant::now();
+    let manifest = verify_files(dir, vmm)?;
+    tracing::info!(snapshot = %dir.display(), ms = started.elapsed().as_millis() as u64,
+        bytes = manifest.size_bytes(), "snapshot verified");
+    Ok(manifest)
+}
+
+fn verify_files(dir: &Path, vmm: VmmKind) -> Result<Manifest, SnapshotError> {
     let corrupt = |detail: String| SnapshotError::Corrupt {
         dir: dir.to_path_buf(),
         detail,

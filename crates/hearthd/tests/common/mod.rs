@@ -20,6 +20,11 @@ use serde_json::{Value, json};
 /// Serialises the VM tests of one test binary: TCG guests on two cores boot much faster one group at a time.
 pub static VM_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The `--vmm` the daemon under test gets: `HEARTH_TEST_VMM`, else `qemu`.
+pub fn test_vmm() -> String {
+    std::env::var("HEARTH_TEST_VMM").unwrap_or_else(|_| "qemu".to_owned())
+}
+
 pub fn template_built(name: &str) -> bool {
     images_dir().join("rootfs").join(format!("{name}.ext4")).is_file()
 }
@@ -52,11 +57,12 @@ impl Daemon {
 
     /// A daemon with extra flags (kept for restarts). Its data directory is a short temporary directory (Unix
     /// socket paths under it stay short); on drop it is killed with every VMM process whose files live there.
+    /// The VMM is QEMU, or `HEARTH_TEST_VMM` (the KVM test host runs these tests on `firecracker` too).
     pub async fn start_with(extra: &[&str]) -> Daemon {
         let opts = Options::new()
             .bin(env!("CARGO_BIN_EXE_hearthd"))
             .network(Network::Unset)
-            .args(["--vmm", "qemu"])
+            .args(["--vmm", &test_vmm()])
             .args(extra)
             .tempdir_prefix("hd")
             .data_in_tempdir_root()
@@ -263,9 +269,17 @@ impl Daemon {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
-    /// Pids of live (non-zombie) processes whose command line mentions this sandbox's directory.
+    /// Pids of live (non-zombie) processes whose command line mentions this sandbox's directory, or its
+    /// Firecracker instance id (a jailed Firecracker only names paths inside its chroot).
     pub fn vm_pids(&self, id: &str) -> Vec<u32> {
-        pids_mentioning(&self.sandbox_dir(id))
+        let mut pids = pids_mentioning(&self.sandbox_dir(id));
+        let instance = hearth_vmm::firecracker::FirecrackerVmm::instance_id(id);
+        for pid in pids_mentioning(std::path::Path::new(&instance)) {
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
+        pids
     }
 
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
