@@ -31,4 +31,4 @@ pub mod openapi;
 pub mod reaper;
 pub mod service;
 
-pub use http::{AppState, app, run};
+pub use http::{AppState, app, run, run_with};

@@ -800,3 +800,79 @@ async fn memory_is_not_overcommitted() {
     .await;
     assert_eq!(db.list().expect("list").len() as u64, n, "nothing was created");
 }
+
+/// SECURITY promise 7 on the API server: a client that never finishes its request head is disconnected after
+/// the header deadline, and when every connection slot is held the next client waits until one closes.
+#[tokio::test]
+async fn slow_heads_are_cut_and_connections_are_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = Fixture::new(StartBehaviour::Fail);
+    let start = |limits: hearthd::http::serve::ServeLimits| {
+        let state = f.state.clone();
+        async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let server = tokio::spawn(hearthd::run_with(listener, state, limits, async move {
+                let _ = rx.await;
+            }));
+            (addr, tx, server)
+        }
+    };
+
+    // A head sent a piece at a time and never finished: cut within the deadline (1 s here).
+    let (addr, stop, server) = start(hearthd::http::serve::ServeLimits {
+        max_connections: 100,
+        header_read_timeout: Duration::from_secs(1),
+    })
+    .await;
+    let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 256];
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut buf))
+        .await
+        .expect("the server closes a slow head within its deadline");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // A complete request on a fresh connection is still served.
+    let ok = reqwest::get(format!("http://{addr}/healthz"))
+        .await
+        .expect("healthz");
+    assert_eq!(ok.text().await.expect("text"), "ok");
+    let _ = stop.send(());
+    server.await.expect("join").expect("serve");
+
+    // Two slots, both held by idle connections: a third client is not served until one closes.
+    let (addr, stop, server) = start(hearthd::http::serve::ServeLimits {
+        max_connections: 2,
+        header_read_timeout: Duration::from_secs(30),
+    })
+    .await;
+    let a = tokio::net::TcpStream::connect(addr).await.expect("connect a");
+    let _b = tokio::net::TcpStream::connect(addr).await.expect("connect b");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(1500))
+        .build()
+        .expect("client");
+    let waiting = client.get(format!("http://{addr}/healthz")).send().await;
+    assert!(waiting.is_err(), "served past the cap: {waiting:?}");
+    drop(a);
+    let served = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(r) = client.get(format!("http://{addr}/healthz")).send().await {
+                return r.status();
+            }
+        }
+    })
+    .await
+    .expect("served once a slot is free");
+    assert_eq!(served, 200);
+    let _ = stop.send(());
+    drop(_b);
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("stops")
+        .expect("join")
+        .expect("serve");
+}

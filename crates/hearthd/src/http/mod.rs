@@ -16,6 +16,7 @@ pub mod network;
 pub mod ports;
 pub mod pty;
 pub mod sandboxes;
+pub mod serve;
 pub mod sse;
 pub mod system;
 pub mod templates;
@@ -194,6 +195,16 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    run_with(listener, state, serve::ServeLimits::default(), shutdown).await
+}
+
+/// [`run`] with the server's bounds given.
+pub async fn run_with(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    limits: serve::ServeLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let mcp_stop = tokio_util::sync::CancellationToken::new();
     let addr = listener.local_addr()?;
     let router = app(state.clone()).merge(mcp(state, addr, mcp_stop.clone()));
@@ -207,9 +218,7 @@ pub async fn run(
         // Open MCP sessions, E2B streams and watches would otherwise hold the graceful shutdown up.
         mcp_stop.cancel();
     };
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve::serve(listener, router, limits, shutdown).await
 }
 
 /// `/mcp`: the MCP server over streamable HTTP (crate hearth-mcp), behind the same key check as `/v1`. Its

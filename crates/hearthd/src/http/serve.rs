@@ -1,0 +1,106 @@
+//! The HTTP server loop: HTTP/1 with upgrades (terminals), a bounded number of open connections and a deadline
+//! for request heads, so that neither many idle connections nor clients that send their headers a byte at a
+//! time can use up what every other client needs.
+//!
+//! When every connection slot is taken, accepting pauses (the kernel's backlog holds newcomers) until one
+//! closes; a client that has not sent a whole request head within the deadline is disconnected. Graceful
+//! shutdown stops accepting and lets requests in flight finish.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tower::ServiceExt;
+
+/// Bounds of the server.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// Time a client has to send a complete request head (also on a kept-alive connection).
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            // Well below the daemon's raised open-file limit, leaving room for VMs, proxies and the database.
+            max_connections: 2048,
+            header_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves `router` on `listener` within `limits` until `shutdown` resolves, then waits for open connections
+/// to finish their requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let max = limits
+        .max_connections
+        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    // Tells open connections to finish their request in flight and close.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors or a connection reset before it was accepted: try again shortly.
+                    tracing::debug!(error = %e, "accept");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = router
+            .clone()
+            .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout);
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc))
+            .with_upgrades();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = async { let _ = stop.wait_for(|s| *s).await; } => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::trace!(error = %e, "connection");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    // Every connection gives its slot back when it is done.
+    let _ = slots.acquire_many(u32::try_from(max).unwrap_or(u32::MAX)).await;
+    Ok(())
+}
