@@ -3,7 +3,7 @@
 //! time can use up what every other client needs.
 //!
 //! When every connection slot is taken, accepting pauses (the kernel's backlog holds newcomers) until one
-//! closes; a client that has not sent a whole request head within the deadline is disconnected. Graceful
+//! closes; a client that has not sent a whole request head within the deadline (60 s) is disconnected. Graceful
 //! shutdown stops accepting and lets requests in flight finish.
 
 use std::future::Future;
@@ -22,7 +22,9 @@ use tower::ServiceExt;
 pub struct ServeLimits {
     /// Most connections open at once.
     pub max_connections: usize,
-    /// Time a client has to send a complete request head (also on a kept-alive connection).
+    /// Time a client has to send a complete request head. hyper starts it when it waits for a head, so it
+    /// is also how long a kept-alive connection may sit idle: longer than the idle time of the clients'
+    /// connection pools (hearth-client: 30 s), or a pooled request could race the server's close.
     pub header_read_timeout: Duration,
 }
 
@@ -31,7 +33,7 @@ impl Default for ServeLimits {
         ServeLimits {
             // Well below the daemon's raised open-file limit, leaving room for VMs, proxies and the database.
             max_connections: 2048,
-            header_read_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(60),
         }
     }
 }

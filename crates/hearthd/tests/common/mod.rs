@@ -71,7 +71,7 @@ impl Daemon {
             .log_on_panic(false);
         Daemon {
             hearthd: Hearthd::start_async(opts).await,
-            http: reqwest::Client::new(),
+            http: http_client(),
         }
     }
 
@@ -79,7 +79,7 @@ impl Daemon {
     pub async fn start_opts(opts: Options) -> Daemon {
         Daemon {
             hearthd: Hearthd::start_async(opts).await,
-            http: reqwest::Client::new(),
+            http: http_client(),
         }
     }
 
@@ -310,4 +310,12 @@ where
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     false
+}
+
+/// A client whose idle pooled connections close before the daemon's 60 s request-head deadline.
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .build()
+        .expect("http client")
 }
