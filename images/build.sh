@@ -14,7 +14,7 @@
 #
 # With --kvm-host, also the KVM test host's root filesystem (crates/hearth-testkit/src/kvm_host.rs):
 #
-#   kvm-host/rootfs.ext4    bookworm minbase with QEMU 10 (bookworm-backports), nftables, iproute2, kmod and the
+#   kvm-host/rootfs.ext4    bookworm minbase with QEMU 10 (bookworm-backports), nftables, iproute2, kmod, CA certificates and the
 #                           guest kernel's modules (kvm, kvm-amd, tun, nftables...): booted under QEMU TCG with
 #                           the kernel and initramfs above, it is a machine with a working /dev/kvm (nested SVM)
 #                           where tests run hearthd, Firecracker and QEMU+KVM. Versioned like the root
@@ -70,7 +70,7 @@ MINIMAL_SIZE=256M
 KVMHOST_SUITE=bookworm
 KVMHOST_PACKAGES="qemu-system-x86/bookworm-backports,qemu-system-common/bookworm-backports,\
 qemu-system-data/bookworm-backports,seabios/bookworm-backports,qemu-utils/bookworm-backports,\
-nftables,iproute2,kmod,procps,util-linux,mount,coreutils,e2fsprogs"
+nftables,iproute2,kmod,procps,util-linux,mount,coreutils,e2fsprogs,ca-certificates"
 KVMHOST_SIZE=3G
 
 MODE=build
