@@ -96,8 +96,8 @@ impl Client {
             .connect_timeout(Duration::from_secs(10))
             // The daemon is local or reached directly; an environment proxy would only get in the way.
             .no_proxy()
-            // The daemon closes a connection that has not sent a request head for 60 s; dropping idle pooled
-            // connections well before that keeps a request from racing the close.
+            // Idle pooled connections are dropped after 30 s, before a server or proxy in between is likely
+            // to close them, so a pooled request does not race such a close.
             .pool_idle_timeout(Duration::from_secs(30))
             .user_agent(concat!("hearth-client/", env!("CARGO_PKG_VERSION")))
             .build()

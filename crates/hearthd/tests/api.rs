@@ -840,6 +840,21 @@ async fn slow_heads_are_cut_and_connections_are_capped() {
         .await
         .expect("healthz");
     assert_eq!(ok.text().await.expect("text"), "ok");
+    // The deadline is for a connection's first head only: a connection that sits past it between requests
+    // (or, the same to hyper, while a long response streams) is not cut.
+    let mut kept = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n";
+    kept.write_all(req).await.expect("first");
+    let n = kept.read(&mut buf).await.expect("first answer");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    kept.write_all(req).await.expect("second");
+    let n = kept.read(&mut buf).await.expect("second answer");
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
     let _ = stop.send(());
     server.await.expect("join").expect("serve");
 

@@ -3,8 +3,11 @@
 //! time can use up what every other client needs.
 //!
 //! When every connection slot is taken, accepting pauses (the kernel's backlog holds newcomers) until one
-//! closes; a client that has not sent a whole request head within the deadline (60 s) is disconnected. Graceful
-//! shutdown stops accepting and lets requests in flight finish.
+//! closes; a client that has not sent its first whole request head within the deadline (60 s) is disconnected
+//! before hyper sees it. (hyper's own `header_read_timeout` is not used: hyper arms it whenever it could read a
+//! next head, which on a server includes the whole time a response streams, so it would cut every exec
+//! stream, watch or download that lasts longer than the deadline.) Graceful shutdown stops accepting and lets
+//! requests in flight finish.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,7 +16,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tower::ServiceExt;
 
@@ -22,9 +25,7 @@ use tower::ServiceExt;
 pub struct ServeLimits {
     /// Most connections open at once.
     pub max_connections: usize,
-    /// Time a client has to send a complete request head. hyper starts it when it waits for a head, so it
-    /// is also how long a kept-alive connection may sit idle: longer than the idle time of the clients'
-    /// connection pools (hearth-client: 30 s), or a pooled request could race the server's close.
+    /// Time a new connection has to send its first complete request head.
     pub header_read_timeout: Duration,
 }
 
@@ -77,15 +78,23 @@ pub async fn serve(
         let svc = router
             .clone()
             .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout);
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc))
-            .with_upgrades();
         let mut stop = stop_rx.clone();
+        let deadline = limits.header_read_timeout;
         tokio::spawn(async move {
+            let arrived = tokio::select! {
+                ok = first_head_arrives(&stream, deadline) => ok,
+                () = async { let _ = stop.wait_for(|s| *s).await; } => false,
+            };
+            if !arrived {
+                tracing::debug!("a connection sent no complete request head in time");
+                drop(permit);
+                return;
+            }
+            // No timer: hyper's header-read timeout (30 s by default once a timer is set) would also run while
+            // responses stream.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc))
+                .with_upgrades();
             let mut conn = std::pin::pin!(conn);
             let result = tokio::select! {
                 r = conn.as_mut() => r,
@@ -105,4 +114,32 @@ pub async fn serve(
     // Every connection gives its slot back when it is done.
     let _ = slots.acquire_many(u32::try_from(max).unwrap_or(u32::MAX)).await;
     Ok(())
+}
+
+/// Whether `stream`'s first request head (up to its blank line, or 16 KiB of it: hyper judges the rest)
+/// arrives within `deadline`. Only peeks: hyper reads the bytes afterwards.
+async fn first_head_arrives(stream: &tokio::net::TcpStream, deadline: Duration) -> bool {
+    let end = tokio::time::Instant::now() + deadline;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut seen = 0;
+    loop {
+        let n = match tokio::time::timeout_at(end, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        if n == 0 {
+            return false;
+        }
+        if n == buf.len() || buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            return true;
+        }
+        if n == seen {
+            // peek returns the same bytes again at once: wait a little for more.
+            if tokio::time::Instant::now() + Duration::from_millis(20) > end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        seen = n;
+    }
 }

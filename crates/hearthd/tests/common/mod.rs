@@ -312,7 +312,7 @@ where
     false
 }
 
-/// A client whose idle pooled connections close before the daemon's 60 s request-head deadline.
+/// A client whose idle pooled connections close after 30 s (as hearth-client's).
 fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_idle_timeout(std::time::Duration::from_secs(30))
