@@ -53,6 +53,8 @@ pub struct Networking {
     /// Addresses of the uplink namespace (the host's own, when it is the host's): always denied.
     uplink_addrs: Vec<IpAddr>,
     runtime: Mutex<HashMap<String, Runtime>>,
+    /// Held while an address is picked and recorded: creates (forks above all) run concurrently.
+    allocating: Mutex<()>,
     /// Signs port tokens.
     port_key: [u8; 32],
 }
@@ -103,6 +105,7 @@ impl Networking {
             settings,
             uplink_addrs,
             runtime: Mutex::new(HashMap::new()),
+            allocating: Mutex::new(()),
         })
     }
 
@@ -378,7 +381,8 @@ impl Sandboxes {
             return Ok(None);
         };
         let row = {
-            // Allocation and insert under the database's own serialisation: a clash fails the insert.
+            // Pick and record under one lock, so concurrent creates never pick the same free address.
+            let _allocating = net.allocating.lock().unwrap_or_else(|e| e.into_inner());
             let used: HashSet<Ipv4Addr> = self
                 .db
                 .list_sandbox_nets()
