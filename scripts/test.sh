@@ -43,7 +43,7 @@ phase "tests on the KVM test host (Firecracker jailed, QEMU+KVM)" \
     cargo nextest run --workspace --locked --no-fail-fast --test-threads 1 -E "$kvm_host"
 # Every cargo-fuzz target (decoders of guest bytes) on a fixed number of inputs from a fixed seed, so CI is
 # deterministic; longer exploratory runs: FUZZ_SECONDS=600 bash scripts/fuzz.sh.
-phase "fuzz" env FUZZ_RUNS="${FUZZ_RUNS:-100000}" bash scripts/fuzz.sh
+phase "fuzz" env FUZZ_RUNS="${FUZZ_RUNS:-50000}" bash scripts/fuzz.sh
 phase "doc tests" cargo test --workspace --locked --doc -q
 phase "TypeScript SDK" bash -c 'cargo build -p hearthd --locked -q && bash sdk/typescript/test.sh'
 
