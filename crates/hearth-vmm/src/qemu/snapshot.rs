@@ -288,7 +288,7 @@ async fn running_machine(q: &mut Qmp, run_dir: &Path) -> Result<Machine, String>
             // A resumed VM keeps running on the file its resume moved to <run>/memory; QEMU still names the
             // path it opened.
             let own = run_dir.join(MEMORY_FILE);
-            if own.is_file() {
+            if std::fs::symlink_metadata(&own).is_ok_and(|m| m.file_type().is_file()) {
                 Ram::Own(own)
             } else {
                 let opened = q
@@ -296,13 +296,33 @@ async fn running_machine(q: &mut Qmp, run_dir: &Path) -> Result<Machine, String>
                     .await
                     .map_err(|e| format!("qom-get mem-path: {e}"))?;
                 let opened = opened.as_str().ok_or("mem-path is not a string")?;
-                Ram::Own(run_dir.join(opened))
+                Ram::Own(own_memory_path(run_dir, opened)?)
             }
         }
         Ok(_) => Ram::Base(PathBuf::new()),
     };
     let balloon = q.execute("query-balloon", None).await.is_ok();
     Ok(Machine { ram, balloon })
+}
+
+/// The memory file a VM's QEMU says it opened, accepted only as a regular file inside the VM's run directory:
+/// the answer comes from the VMM process, which a guest that escaped into it would control, and the pause
+/// then moves that file into the snapshot. No `..`, no symbolic link, nothing outside `run_dir`.
+fn own_memory_path(run_dir: &Path, reported: &str) -> Result<PathBuf, String> {
+    let path = run_dir.join(reported);
+    let inside = path.starts_with(run_dir)
+        && path.strip_prefix(run_dir).is_ok_and(|rest| {
+            rest.components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+        });
+    let regular = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file());
+    if inside && regular {
+        Ok(path)
+    } else {
+        Err(format!(
+            "the VMM names its memory file {reported:?}, which is not a file of its run directory"
+        ))
+    }
 }
 
 /// Guest memory (MiB) and vCPU count of a running VM.
@@ -360,5 +380,37 @@ fn io(path: &Path, source: std::io::Error) -> VmmError {
     VmmError::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::own_memory_path;
+
+    #[test]
+    fn a_memory_path_named_by_the_vmm_stays_in_the_run_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = dir.path().join("run");
+        std::fs::create_dir_all(run.join("paused")).expect("dirs");
+        std::fs::write(run.join("paused/memory"), b"m").expect("file");
+        std::fs::write(dir.path().join("secret"), b"s").expect("file");
+        std::os::unix::fs::symlink(dir.path().join("secret"), run.join("link")).expect("link");
+        assert_eq!(
+            own_memory_path(&run, "paused/memory").expect("inside"),
+            run.join("paused/memory")
+        );
+        let abs = run.join("paused/memory");
+        assert!(own_memory_path(&run, abs.to_str().expect("utf-8")).is_ok());
+        let outside = dir.path().join("secret");
+        for bad in [
+            "../secret",
+            "paused/../../secret",
+            "link",
+            "/etc/shadow",
+            "missing",
+        ] {
+            assert!(own_memory_path(&run, bad).is_err(), "{bad}");
+        }
+        assert!(own_memory_path(&run, outside.to_str().expect("utf-8")).is_err());
     }
 }
