@@ -43,6 +43,11 @@ pub enum ErrorCode {
     NetworkRequired,
     /// The sandbox's agent predates the operation (e.g. a sandbox restored from an old snapshot).
     AgentTooOld,
+    /// The key is valid but its role may not do this (a viewer mutating, a member managing keys), or the
+    /// request's `Origin`/`Host` is neither local nor allowed.
+    Forbidden,
+    /// A project quota would be exceeded; the message names the limit and its value.
+    QuotaExceeded,
     /// Something unexpected went wrong in the daemon.
     Internal,
     /// Any code this client version does not know yet.
@@ -58,6 +63,8 @@ impl ErrorCode {
             ErrorCode::BucketNotFound | ErrorCode::BucketAccessDenied | ErrorCode::BucketUnreachable => 422,
             ErrorCode::AgentTooOld => 409,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::QuotaExceeded => 429,
             ErrorCode::NotFound | ErrorCode::UnknownRoute => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Conflict => 409,
@@ -74,6 +81,8 @@ impl ErrorCode {
             ErrorCode::InvalidJson => "invalid_json",
             ErrorCode::InvalidArgument => "invalid_argument",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::NotFound => "not_found",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Conflict => "conflict",

@@ -7,6 +7,7 @@
 //! - [`file`]: file metadata and file-operation requests.
 //! - [`network`]: egress policy, private networks, the egress audit log, exposed-port tokens.
 //! - [`system`]: host/VMM report served by `GET /v1/system`.
+//! - [`tenancy`]: projects, scoped API keys, quotas and the tamper-evident audit log.
 //! - [`error`]: the error body and its stable machine-readable [`ErrorCode`]s.
 //!
 //! Everything here is plain data (serde), shared by the daemon, the Rust client, the CLI and (through the
@@ -19,6 +20,7 @@ pub mod file;
 pub mod network;
 pub mod sandbox;
 pub mod system;
+pub mod tenancy;
 
 pub use bucket::*;
 pub use command::*;
@@ -27,6 +29,7 @@ pub use file::*;
 pub use network::*;
 pub use sandbox::*;
 pub use system::*;
+pub use tenancy::*;
 
 /// Validates a sandbox id: `sbx_` followed by 16 lowercase hex digits. Ids are used to build host paths, so
 /// nothing else may pass.

@@ -148,6 +148,15 @@ pub enum Command {
     Unmount { id: String, path: String },
     /// List the buckets mounted in a sandbox, with the bytes moved through each.
     Mounts { id: String },
+    /// Projects (admin): create, ls, quota.
+    #[command(subcommand)]
+    Project(crate::cmd::tenancy::ProjectCommand),
+    /// API keys scoped to a project and role (admin): create, ls, revoke.
+    #[command(subcommand)]
+    Key(crate::cmd::tenancy::KeyCommand),
+    /// The audit log (admin): verify its hash chain.
+    #[command(subcommand)]
+    Audit(crate::cmd::tenancy::AuditCommand),
 }
 
 #[derive(Debug, Subcommand)]

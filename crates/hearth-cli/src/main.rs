@@ -126,6 +126,9 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Mount { id, mount } => cmd::buckets::mount(ctx, &id, &mount).await,
         Command::Unmount { id, path } => cmd::buckets::unmount(ctx, &id, &path).await,
         Command::Mounts { id } => cmd::buckets::mounts(ctx, &id).await,
+        Command::Project(c) => cmd::tenancy::project(ctx, c).await,
+        Command::Key(c) => cmd::tenancy::key(ctx, c).await,
+        Command::Audit(c) => cmd::tenancy::audit(ctx, c).await,
         Command::Expose { id, port, ttl } => cmd::net::expose(ctx, &id, port, ttl).await,
         Command::Completions { shell } => {
             let mut command = Cli::command();

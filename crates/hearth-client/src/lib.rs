@@ -39,6 +39,7 @@ pub mod network;
 pub mod pty;
 pub mod sse;
 pub mod templates;
+pub mod tenancy;
 pub mod watch;
 
 pub use client::{Client, DEFAULT_DATA_DIR, DEFAULT_URL, ListFilter, default_key_path, read_key_file};

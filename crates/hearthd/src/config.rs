@@ -97,6 +97,14 @@ pub struct Args {
     /// Print the OpenAPI document to stdout and exit.
     #[arg(long)]
     pub print_openapi: bool,
+    /// An origin (`https://app.example`) whose browser pages may call the API and `/mcp` (repeatable; none by
+    /// default). Requests from other non-local origins are refused with 403 whatever key they carry.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// A host name clients use to reach this daemon (`Host` header) besides local names and IP addresses
+    /// (repeatable). Other names are refused with 403 (DNS rebinding).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Paths derived from the flags.
@@ -235,5 +243,15 @@ mod net_tests {
             Some("[fe80::1]:53".parse().expect("addr"))
         );
         assert_eq!(super::resolv_conf_nameserver("search x\n"), None);
+    }
+}
+
+impl Args {
+    /// What `crate::tenancy` takes from the command line.
+    pub fn tenancy_settings(&self) -> crate::tenancy::TenancySettings {
+        crate::tenancy::TenancySettings {
+            cors_origins: self.cors_origins.clone(),
+            allowed_hosts: self.allowed_hosts.clone(),
+        }
     }
 }

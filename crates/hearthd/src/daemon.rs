@@ -291,10 +291,12 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     write_atomic(&paths.listen_addr(), format!("{addr}\n").as_bytes())?;
     tracing::info!(%addr, "listening");
 
+    let tenancy = crate::tenancy::Tenancy::new(svc.clone(), keys.clone(), args.tenancy_settings());
     let state = AppState {
         sandboxes: svc,
         keys,
         metrics,
+        tenancy,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut stopped = stop_rx.clone();

@@ -7,6 +7,7 @@
 pub mod mounts;
 pub mod network;
 pub mod snapshots;
+pub mod tenancy;
 pub mod usage;
 
 use std::collections::BTreeMap;
@@ -130,6 +131,8 @@ const MIGRATIONS: &[&str] = &[
         bytes_read    INTEGER NOT NULL,
         bytes_written INTEGER NOT NULL
     );",
+    // 7: projects, scoped keys, object owners, the audit chain (db/tenancy.rs).
+    tenancy::MIGRATION,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -30,5 +30,6 @@ pub mod metrics;
 pub mod openapi;
 pub mod reaper;
 pub mod service;
+pub mod tenancy;
 
 pub use http::{AppState, app, run, run_with};

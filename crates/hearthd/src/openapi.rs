@@ -6,7 +6,7 @@ use utoipa::Modify;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::http::{buckets, commands, files, network, ports, pty, sandboxes, system, templates, watch};
+use crate::http::{buckets, commands, files, network, ports, pty, sandboxes, system, templates, tenancy, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -25,6 +25,8 @@ use crate::http::{buckets, commands, files, network, ports, pty, sandboxes, syst
         system::healthz, system::system, system::metrics, system::openapi,
         buckets::create, buckets::list, buckets::get, buckets::delete, buckets::mounts, buckets::attach,
         buckets::detach,
+        tenancy::create_project, tenancy::list_projects, tenancy::set_quota, tenancy::create_key,
+        tenancy::list_keys, tenancy::revoke_key, tenancy::audit,
     ),
     components(schemas(hearth_api::ErrorCode, hearth_api::ErrorDetail, hearth_api::SandboxState,
         hearth_api::FileKind, hearth_api::Check, hearth_api::Capacity, hearth_api::ProcessInfo)),
@@ -39,6 +41,7 @@ use crate::http::{buckets, commands, files, network, ports, pty, sandboxes, syst
         (name = "networks", description = "Egress policy, audit log, private networks and exposed ports"),
         (name = "buckets", description = "Buckets as named credentials, mounted in sandboxes as file systems"),
         (name = "system", description = "Health, metrics and host report"),
+        (name = "projects", description = "Projects, scoped API keys, quotas and the audit log"),
     )
 )]
 pub struct ApiDoc;

@@ -108,10 +108,12 @@ impl Fixture {
             checks: vec![],
         };
         let sandboxes = Sandboxes::new(db, Arc::new(FakeVmm(behaviour)), info, settings);
+        let tenancy = hearthd::tenancy::Tenancy::new(sandboxes.clone(), keys.clone(), Default::default());
         let state = AppState {
             sandboxes,
             keys,
             metrics: hearthd::metrics::install(),
+            tenancy,
         };
         Fixture { dir, key, state }
     }

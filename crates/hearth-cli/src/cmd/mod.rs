@@ -8,3 +8,4 @@ pub mod net;
 pub mod sandbox;
 pub mod shell;
 pub mod system;
+pub mod tenancy;

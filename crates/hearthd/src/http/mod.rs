@@ -20,6 +20,7 @@ pub mod serve;
 pub mod sse;
 pub mod system;
 pub mod templates;
+pub mod tenancy;
 pub mod watch;
 
 use std::future::Future;
@@ -27,9 +28,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::handler::Handler;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -39,6 +40,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::auth::KeyCheck;
+
 use crate::service::Sandboxes;
 use error::ApiError;
 
@@ -53,6 +55,8 @@ pub struct AppState {
     pub sandboxes: Arc<Sandboxes>,
     pub keys: KeyCheck,
     pub metrics: Option<PrometheusHandle>,
+    /// Projects, scoped keys, quotas, the audit log (crate::tenancy).
+    pub tenancy: Arc<crate::tenancy::Tenancy>,
 }
 
 fn quick() -> TimeoutLayer {
@@ -162,7 +166,19 @@ pub fn app(state: AppState) -> Router {
             "/networks/{network}/members/{sandbox}",
             axum::routing::put(network::attach.layer(quick())).delete(network::detach.layer(quick())),
         )
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
+        // Projects, keys and the audit log (http/tenancy.rs).
+        .route(
+            "/projects",
+            post(tenancy::create_project.layer(quick())).get(tenancy::list_projects.layer(quick())),
+        )
+        .route("/projects/{name}/quota", axum::routing::put(tenancy::set_quota.layer(quick())))
+        .route(
+            "/keys",
+            post(tenancy::create_key.layer(quick())).get(tenancy::list_keys.layer(quick())),
+        )
+        .route("/keys/{id}", axum::routing::delete(tenancy::revoke_key.layer(quick())))
+        .route("/audit", get(tenancy::audit.layer(quick())))
+        .route_layer(middleware::from_fn_with_state(state.clone(), crate::tenancy::guard::guard))
         .route_layer(middleware::from_fn(count_requests));
     // Exposed ports authorise themselves (API key or port token) and stream both ways without a timeout.
     let ports = Router::new()
@@ -227,26 +243,8 @@ fn mcp(state: AppState, addr: std::net::SocketAddr, stop: tokio_util::sync::Canc
     let service = hearth_mcp::http_service(&hearth_mcp::loopback_url(addr), stop);
     Router::new()
         .nest_service("/mcp", service)
-        .route_layer(middleware::from_fn_with_state(state, require_key))
+        .route_layer(middleware::from_fn_with_state(state, crate::tenancy::guard::guard))
         .route_layer(middleware::from_fn(count_requests))
-}
-
-/// Rejects `/v1` requests without the right `Authorization: Bearer <key>` (WebSocket upgrades may present the
-/// key as [`pty::websocket_key_ok`] describes).
-async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let ok = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .is_some_and(|v| st.keys.verify_header(v.as_bytes()))
-        || pty::websocket_key_ok(req.headers(), req.uri().query(), &st.keys);
-    if !ok {
-        return ApiError::new(
-            ErrorCode::Unauthorized,
-            "missing or wrong API key (Authorization: Bearer <key>)",
-        )
-        .into_response();
-    }
-    next.run(req).await
 }
 
 /// Counts requests by route pattern (never the raw path: ids would explode the label set) and status.

@@ -134,10 +134,9 @@ async fn forward_inner(st: &AppState, req: &mut Request) -> Result<Response, Api
             },
         )
         .collect();
-    let by_key = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .is_some_and(|v| st.keys.verify_header(v.as_bytes()));
+    // The key must be one whose project owns the sandbox (crate::tenancy).
+    let by_key = req.headers().contains_key(header::AUTHORIZATION)
+        && st.tenancy.key_may_use_sandbox(req.headers(), &id);
     let by_token = token
         .as_deref()
         .is_some_and(|t| st.sandboxes.verify_port_token(t, &id, port));

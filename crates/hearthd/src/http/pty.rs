@@ -8,8 +8,9 @@
 //! socket hangs the terminal up (SIGHUP, then SIGTERM and SIGKILL to its process group).
 //!
 //! Authentication: the `Authorization: Bearer <key>` header like every route, or, for browsers (which cannot
-//! set headers on a WebSocket), the subprotocol entry `hearth.key.<key>` in `Sec-WebSocket-Protocol`, or the
-//! query parameter `access_token=<key>`. Both alternatives are accepted on WebSocket upgrades only. The server
+//! set headers on a WebSocket), the subprotocol entry `hearth.key.<key>` in `Sec-WebSocket-Protocol`, accepted on
+//! WebSocket upgrades only (`crate::tenancy::presented_key`). Never in the URL: keys in URLs end up in logs and
+//! browser histories. The server
 //! selects the subprotocol [`PROTOCOL`] when the client offers it (browsers require a selected protocol when
 //! they offered any), never the key entry.
 
@@ -17,7 +18,6 @@ use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use futures::{SinkExt, StreamExt};
 use hearth_api::{ErrorBody, ErrorCode};
@@ -26,14 +26,13 @@ use serde::Deserialize;
 
 use super::AppState;
 use super::error::{ApiError, ApiQuery, SandboxId};
-use crate::auth::KeyCheck;
 use crate::service::exec::exit_code;
 use crate::service::pty::PtyOptions;
 
 /// The subprotocol the server selects.
 pub const PROTOCOL: &str = "hearth.pty.v1";
 /// Prefix of the `Sec-WebSocket-Protocol` entry that carries the API key.
-pub const KEY_PROTOCOL_PREFIX: &str = "hearth.key.";
+pub const KEY_PROTOCOL_PREFIX: &str = crate::tenancy::KEY_PROTOCOL_PREFIX;
 /// Largest WebSocket message accepted from the client.
 const MAX_MESSAGE: usize = 1024 * 1024;
 /// How often the server pings the client.
@@ -53,8 +52,6 @@ pub struct PtyQuery {
     pub cwd: Option<String>,
     /// Extra environment as a JSON object (`{"NAME":"value"}`); `TERM` defaults to `xterm-256color`.
     pub env: Option<String>,
-    /// The API key, for clients that can set neither the `Authorization` header nor the subprotocol.
-    pub access_token: Option<String>,
 }
 
 /// A control message from the client.
@@ -73,7 +70,7 @@ enum ClientControl {
             frames carry terminal bytes both ways; text frames carry JSON control messages: from the client \
             `{\"type\":\"resize\",\"rows\":R,\"cols\":C}` and `{\"type\":\"signal\",\"signal\":N}`, from the \
             server `{\"type\":\"exit\",\"exit_code\":N}` before it closes. Authentication: the Authorization \
-            header, or the subprotocol entry `hearth.key.<key>`, or `access_token`."),
+            header, or the subprotocol entry `hearth.key.<key>`."),
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody),
@@ -196,100 +193,4 @@ fn close(code: u16, reason: &str) -> Message {
         code,
         reason: reason.into(),
     }))
-}
-
-/// Whether a WebSocket upgrade presents the API key without an `Authorization` header: a `hearth.key.<key>` entry
-/// of `Sec-WebSocket-Protocol`, or the `access_token` query parameter; false for requests that are not
-/// WebSocket upgrades.
-pub fn websocket_key_ok(headers: &HeaderMap, query: Option<&str>, keys: &KeyCheck) -> bool {
-    let upgrade = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    if !upgrade {
-        return false;
-    }
-    let from_protocol = headers
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|p| p.trim().strip_prefix(KEY_PROTOCOL_PREFIX))
-        .any(|k| keys.verify(k));
-    from_protocol
-        || query.is_some_and(|q| {
-            q.split('&')
-                .filter_map(|kv| kv.strip_prefix("access_token="))
-                .any(|k| keys.verify(&percent_decode(k)))
-        })
-}
-
-/// Decodes `%XX` escapes and `+` (a key is `hk_` and hex, but clients may escape anything).
-fn percent_decode(s: &str) -> String {
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let decoded = match (
-            b[i],
-            b.get(i + 1).copied().and_then(hex),
-            b.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => Some(h * 16 + l),
-            _ => None,
-        };
-        match decoded {
-            Some(v) => {
-                out.push(v);
-                i += 3;
-            }
-            None => {
-                out.push(if b[i] == b'+' { b' ' } else { b[i] });
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percent_decoding() {
-        assert_eq!(percent_decode("hk_ab%2Bc+d%zz%4"), "hk_ab+c d%zz%4");
-        assert_eq!(percent_decode("%C3%A9"), "\u{e9}");
-    }
-
-    #[test]
-    fn key_alternatives_only_on_websocket_upgrades() {
-        let keys = KeyCheck::from_hash(crate::auth::hash_key("hk_secret"));
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::SEC_WEBSOCKET_PROTOCOL,
-            "hearth.pty.v1, hearth.key.hk_secret"
-                .parse()
-                .unwrap_or_else(|_| unreachable!()),
-        );
-        assert!(
-            !websocket_key_ok(&h, Some("access_token=hk_secret"), &keys),
-            "not an upgrade"
-        );
-        h.insert(
-            header::UPGRADE,
-            "websocket".parse().unwrap_or_else(|_| unreachable!()),
-        );
-        assert!(websocket_key_ok(&h, None, &keys));
-        h.insert(
-            header::SEC_WEBSOCKET_PROTOCOL,
-            "hearth.pty.v1, hearth.key.hk_wrong"
-                .parse()
-                .unwrap_or_else(|_| unreachable!()),
-        );
-        assert!(!websocket_key_ok(&h, None, &keys));
-        assert!(websocket_key_ok(&h, Some("rows=3&access_token=hk_secret"), &keys));
-        assert!(!websocket_key_ok(&h, Some("access_token=hk_secre"), &keys));
-    }
 }

@@ -62,9 +62,9 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors or a connection reset before it was accepted: try again shortly.
                     tracing::debug!(error = %e, "accept");
@@ -77,7 +77,12 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let svc = router
             .clone()
-            .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
+            // The peer's address, for the audit log (crate::tenancy).
+            .map_request(move |req: hyper::Request<Incoming>| {
+                let mut req = req.map(Body::new);
+                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                req
+            });
         let mut stop = stop_rx.clone();
         let deadline = limits.header_read_timeout;
         tokio::spawn(async move {

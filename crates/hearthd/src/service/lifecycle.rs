@@ -21,8 +21,8 @@ use crate::metrics;
 pub const VCPUS: std::ops::RangeInclusive<u32> = 1..=16;
 pub const MEMORY_MIB: std::ops::RangeInclusive<u32> = 128..=16384;
 pub const TIMEOUT_S: std::ops::RangeInclusive<u64> = 1..=86400;
-const DEFAULT_VCPUS: u32 = 1;
-const DEFAULT_MEMORY_MIB: u32 = 512;
+pub const DEFAULT_VCPUS: u32 = 1;
+pub const DEFAULT_MEMORY_MIB: u32 = 512;
 const DEFAULT_TIMEOUT_S: u64 = 300;
 /// Limits on env and metadata, so that everything fits in one protocol header with room to spare.
 const MAX_ENV_BYTES: usize = 32 * 1024;

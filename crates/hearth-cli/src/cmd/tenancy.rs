@@ -1,0 +1,229 @@
+//! `project create|ls|quota`, `key create|ls|revoke`, `audit verify`.
+
+use clap::Subcommand;
+use hearth_api::{CreateKeyRequest, CreateProjectRequest, Quota, Role};
+
+use crate::Ctx;
+use crate::output;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct QuotaArgs {
+    /// Most sandboxes creating, running or resuming at once.
+    #[arg(long)]
+    pub max_running: Option<u32>,
+    /// Most vCPUs of those sandboxes together.
+    #[arg(long)]
+    pub max_vcpus: Option<u32>,
+    /// Most memory (MiB) of those sandboxes together.
+    #[arg(long)]
+    pub max_memory_mib: Option<u64>,
+    /// Most sandboxes created or forked per rolling minute.
+    #[arg(long)]
+    pub max_creates_per_minute: Option<u32>,
+}
+
+impl QuotaArgs {
+    fn quota(&self) -> Quota {
+        Quota {
+            max_running: self.max_running,
+            max_vcpus: self.max_vcpus,
+            max_memory_mib: self.max_memory_mib,
+            max_creates_per_minute: self.max_creates_per_minute,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectCommand {
+    /// Create a project.
+    Create {
+        name: String,
+        #[command(flatten)]
+        quota: QuotaArgs,
+    },
+    /// List projects.
+    #[command(alias = "list")]
+    Ls,
+    /// Replace a project's quota (limits not given are lifted).
+    Quota {
+        name: String,
+        #[command(flatten)]
+        quota: QuotaArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Create a key; it is printed once (with --json as field `key`, beside `id`).
+    Create {
+        #[arg(long)]
+        project: String,
+        /// admin (every project), member (its project's objects) or viewer (read only).
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+        /// Lifetime: seconds, or a number with s, m, h or d (`30d`).
+        #[arg(long, value_parser = parse_duration)]
+        expires: Option<u64>,
+        /// A label for people.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List keys (never the keys themselves).
+    #[command(alias = "list")]
+    Ls,
+    /// Revoke a key, effective at once.
+    Revoke { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Fetch the whole audit log and check its hash chain; exits 1 at the first broken entry.
+    Verify,
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    Role::parse(s).ok_or_else(|| format!("{s:?}: one of admin, member, viewer"))
+}
+
+/// `3600`, `90s`, `15m`, `12h`, `30d` → seconds.
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("{s:?}: a number with s, m, h or d"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: unit s, m, h or d")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?}: too long"))
+}
+
+pub async fn project(ctx: &Ctx, cmd: ProjectCommand) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    match cmd {
+        ProjectCommand::Create { name, quota } => {
+            let req = CreateProjectRequest {
+                name,
+                quota: quota.quota(),
+            };
+            let p = client.create_project(&req).await?;
+            ctx.emit(&p, || format!("{}\n", p.name))?;
+        }
+        ProjectCommand::Ls => {
+            let list = client.list_projects().await?;
+            ctx.emit(&list, || {
+                let rows: Vec<Vec<String>> = list
+                    .projects
+                    .iter()
+                    .map(|p| {
+                        let q = &p.quota;
+                        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+                        vec![
+                            output::clean(&p.name),
+                            opt(q.max_running.map(u64::from)),
+                            opt(q.max_vcpus.map(u64::from)),
+                            opt(q.max_memory_mib),
+                            opt(q.max_creates_per_minute.map(u64::from)),
+                            p.created_at.clone(),
+                        ]
+                    })
+                    .collect();
+                let headers = ["NAME", "RUNNING", "VCPUS", "MEMORY_MIB", "CREATES/MIN", "CREATED"];
+                output::table(&headers, &rows, ctx.stdout_style())
+            })?;
+        }
+        ProjectCommand::Quota { name, quota } => {
+            let p = client.set_quota(&name, &quota.quota()).await?;
+            ctx.emit(&p, || format!("{}\n", p.name))?;
+        }
+    }
+    Ok(0)
+}
+
+pub async fn key(ctx: &Ctx, cmd: KeyCommand) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    match cmd {
+        KeyCommand::Create {
+            project,
+            role,
+            expires,
+            name,
+        } => {
+            let req = CreateKeyRequest {
+                project,
+                role,
+                expires_in_s: expires,
+                name,
+            };
+            let k = client.create_key(&req).await?;
+            ctx.emit(&k, || {
+                eprintln!("hearth: key {} (shown only now; keep it)", k.id);
+                format!("{}\n", k.key)
+            })?;
+        }
+        KeyCommand::Ls => {
+            let list = client.list_keys().await?;
+            ctx.emit(&list, || {
+                let rows: Vec<Vec<String>> = list
+                    .keys
+                    .iter()
+                    .map(|k| {
+                        let state = if k.revoked_at.is_some() { "revoked" } else { "active" };
+                        vec![
+                            k.id.clone(),
+                            output::clean(&k.project),
+                            k.role.as_str().to_string(),
+                            state.to_string(),
+                            k.expires_at.clone().unwrap_or_else(|| "-".into()),
+                            k.last_used_at.clone().unwrap_or_else(|| "-".into()),
+                        ]
+                    })
+                    .collect();
+                let headers = ["ID", "PROJECT", "ROLE", "STATE", "EXPIRES", "LAST USED"];
+                output::table(&headers, &rows, ctx.stdout_style())
+            })?;
+        }
+        KeyCommand::Revoke { id } => {
+            client.revoke_key(&id).await?;
+            println!("{}", output::clean(&id));
+        }
+    }
+    Ok(0)
+}
+
+pub async fn audit(ctx: &Ctx, cmd: AuditCommand) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    match cmd {
+        AuditCommand::Verify => {
+            let entries = client.audit_all().await?;
+            match hearth_client::tenancy::verify_audit_log(&entries) {
+                Ok(last) => {
+                    println!("ok: {} entries, last hash {last}", entries.len());
+                    Ok(0)
+                }
+                Err(e) => {
+                    eprintln!("hearth: {e}");
+                    Ok(1)
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("3600"), Ok(3600));
+        assert_eq!(parse_duration("30d"), Ok(30 * 86_400));
+        assert_eq!(parse_duration("15m"), Ok(900));
+        assert!(parse_duration("1w").is_err());
+        assert!(parse_duration("h").is_err());
+    }
+}

@@ -1,0 +1,230 @@
+//! Projects, API keys and the audit log. Keys and the audit log are for admin keys only (the middleware in
+//! `tenancy::guard` refuses others with 403); `GET /v1/projects` shows a non-admin only its own project.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use hearth_api::{
+    ApiKeyInfo, AuditPage, CreateKeyRequest, CreateProjectRequest, CreatedKey, ErrorBody, ErrorCode, KeyList,
+    Project, ProjectList, Quota,
+};
+use serde::Deserialize;
+
+use super::AppState;
+use super::error::{ApiError, ApiJson, ApiQuery};
+use crate::db::tenancy::{AuditFilter, KeyRow, ProjectRow};
+use crate::service::lifecycle::rfc3339;
+use crate::service::now_ms;
+use crate::tenancy::{BOOTSTRAP_KEY_ID, Principal, is_valid_project_name, new_key_id};
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(ErrorCode::Internal, e.to_string())
+}
+
+fn project(row: ProjectRow) -> Project {
+    Project {
+        name: row.name,
+        created_at: rfc3339(row.created_at_ms),
+        quota: row.quota,
+    }
+}
+
+fn key_info(row: KeyRow) -> ApiKeyInfo {
+    ApiKeyInfo {
+        id: row.id,
+        project: row.project,
+        role: row.role,
+        name: row.name,
+        created_at: rfc3339(row.created_at_ms),
+        expires_at: row.expires_at_ms.map(rfc3339),
+        last_used_at: row.last_used_at_ms.map(rfc3339),
+        revoked_at: row.revoked_at_ms.map(rfc3339),
+    }
+}
+
+/// Create a project (admin).
+#[utoipa::path(post, path = "/v1/projects", tag = "projects", request_body = CreateProjectRequest,
+    responses(
+        (status = 201, body = Project),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 409, description = "A project of that name exists", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn create_project(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<CreateProjectRequest>,
+) -> Result<(StatusCode, Json<Project>), ApiError> {
+    if !is_valid_project_name(&req.name) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "project name: 1-63 characters of [a-z0-9-], not starting with '-'",
+        ));
+    }
+    let db = st.tenancy.db();
+    if !db.create_project(&req.name, &req.quota, now_ms()).map_err(internal)? {
+        return Err(ApiError::new(ErrorCode::Conflict, "a project of that name exists"));
+    }
+    let row = db.project(&req.name).map_err(internal)?.ok_or_else(|| internal("project vanished"))?;
+    Ok((StatusCode::CREATED, Json(project(row))))
+}
+
+/// List projects: all for an admin key, else the key's own.
+#[utoipa::path(get, path = "/v1/projects", tag = "projects",
+    responses((status = 200, body = ProjectList)),
+    security(("api_key" = [])))]
+pub async fn list_projects(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<ProjectList>, ApiError> {
+    let rows = st.tenancy.db().projects().map_err(internal)?;
+    let projects = rows
+        .into_iter()
+        .filter(|r| p.is_admin() || r.name == p.project)
+        .map(project)
+        .collect();
+    Ok(Json(ProjectList { projects }))
+}
+
+/// Replace a project's quota (admin). Running sandboxes are not stopped; new ones are admitted under it.
+#[utoipa::path(put, path = "/v1/projects/{name}/quota", tag = "projects", request_body = Quota,
+    params(("name" = String, Path, description = "Project name")),
+    responses((status = 200, body = Project), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn set_quota(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(quota): ApiJson<Quota>,
+) -> Result<Json<Project>, ApiError> {
+    let db = st.tenancy.db();
+    if !db.set_quota(&name, &quota).map_err(internal)? {
+        return Err(ApiError::new(ErrorCode::NotFound, "no such project"));
+    }
+    let row = db.project(&name).map_err(internal)?.ok_or_else(|| internal("project vanished"))?;
+    Ok(Json(project(row)))
+}
+
+/// Create an API key for a project (admin). The answer is the only time the key is shown.
+#[utoipa::path(post, path = "/v1/keys", tag = "projects", request_body = CreateKeyRequest,
+    responses(
+        (status = 201, body = CreatedKey),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, description = "No such project", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn create_key(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<CreateKeyRequest>,
+) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
+    let db = st.tenancy.db();
+    if db.project(&req.project).map_err(internal)?.is_none() {
+        return Err(ApiError::new(ErrorCode::NotFound, "no such project"));
+    }
+    if let Some(n) = &req.name
+        && (n.is_empty() || n.chars().count() > 100 || n.chars().any(char::is_control))
+    {
+        return Err(ApiError::new(ErrorCode::InvalidArgument, "name: 1-100 printable characters"));
+    }
+    let now = now_ms();
+    let expires_at_ms = match req.expires_in_s {
+        Some(s) if s == 0 || s > 10 * 365 * 86_400 => {
+            return Err(ApiError::new(ErrorCode::InvalidArgument, "expires_in_s: 1 s to 10 years"));
+        }
+        Some(s) => Some(now + (s as i64) * 1000),
+        None => None,
+    };
+    let key = crate::auth::generate_key();
+    let row = KeyRow {
+        id: new_key_id(),
+        project: req.project,
+        role: req.role,
+        name: req.name,
+        created_at_ms: now,
+        expires_at_ms,
+        last_used_at_ms: None,
+        revoked_at_ms: None,
+    };
+    db.insert_key(&row, &crate::auth::hash_key(&key)).map_err(internal)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedKey {
+            id: row.id,
+            key,
+            project: row.project,
+            role: row.role,
+            expires_at: row.expires_at_ms.map(rfc3339),
+        }),
+    ))
+}
+
+/// List API keys (admin); never the keys themselves.
+#[utoipa::path(get, path = "/v1/keys", tag = "projects",
+    responses((status = 200, body = KeyList), (status = 403, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn list_keys(State(st): State<AppState>) -> Result<Json<KeyList>, ApiError> {
+    let keys = st.tenancy.db().keys().map_err(internal)?;
+    Ok(Json(KeyList {
+        keys: keys.into_iter().map(key_info).collect(),
+    }))
+}
+
+/// Revoke an API key (admin); effective for the next request. The bootstrap key is rotated by removing the
+/// key file and restarting hearthd instead.
+#[utoipa::path(delete, path = "/v1/keys/{id}", tag = "projects",
+    params(("id" = String, Path, description = "Key id")),
+    responses((status = 204), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The bootstrap key cannot be revoked here", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn revoke_key(State(st): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    if id == BOOTSTRAP_KEY_ID {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "the bootstrap key is rotated by deleting the key file and restarting hearthd",
+        ));
+    }
+    if !st.tenancy.db().revoke_key(&id, now_ms()).map_err(internal)? {
+        return Err(ApiError::new(ErrorCode::NotFound, "no such key, or already revoked"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Filters and paging of `GET /v1/audit`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Entries after this sequence number (default 0: from the start).
+    pub after: Option<u64>,
+    /// At most this many (1-1000, default 100).
+    pub limit: Option<u32>,
+    pub project: Option<String>,
+    pub key_id: Option<String>,
+    /// Only entries at or after this unix millisecond.
+    pub since_ms: Option<i64>,
+}
+
+/// The audit log (admin): every state change and every refused authentication, as a hash chain.
+#[utoipa::path(get, path = "/v1/audit", tag = "projects", params(AuditQuery),
+    responses((status = 200, body = AuditPage), (status = 403, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn audit(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<AuditQuery>,
+) -> Result<Json<AuditPage>, ApiError> {
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::new(ErrorCode::InvalidArgument, "limit: 1-1000"));
+    }
+    let filter = AuditFilter {
+        after: q.after.unwrap_or(0),
+        limit,
+        project: q.project,
+        key_id: q.key_id,
+        since_ms: q.since_ms,
+    };
+    let entries = st.tenancy.db().audit_page(&filter).map_err(internal)?;
+    let next_after = (entries.len() == limit as usize)
+        .then(|| entries.last().map(|e| e.seq))
+        .flatten();
+    Ok(Json(AuditPage { entries, next_after }))
+}

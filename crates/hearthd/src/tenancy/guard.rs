@@ -1,0 +1,273 @@
+//! The middleware in front of `/v1` and `/mcp`: `Host`/`Origin` check, key, role, ownership of every object
+//! the request names, quota admission, and afterwards the ownership of what it created, the filtering of
+//! lists, and one audit entry for every request that changes state or fails authentication.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::extract::connect_info::ConnectInfo;
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::{HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hearth_api::{AuditEntry, ErrorCode, Role};
+use serde_json::Value;
+
+use super::objects::{self, Kind};
+use super::quota::{AdmitError, Reservation, Want};
+use super::{Principal, Tenancy, new_request_id};
+use crate::http::AppState;
+use crate::http::error::ApiError;
+use crate::service::now_ms;
+
+/// Largest list answer the filter reads (bigger ones are refused rather than shown unfiltered).
+const ANSWER_LIMIT: usize = 64 * 1024 * 1024;
+
+/// What the audit entry of a request needs from before the handler ran.
+struct Ctx {
+    method: Method,
+    route: String,
+    target: String,
+    source: String,
+    request_id: String,
+}
+
+/// Routes only admins may use at all (the projects list is filtered instead).
+fn admin_only(method: &Method, route: &str) -> bool {
+    route.starts_with("/v1/keys")
+        || route.starts_with("/v1/audit")
+        || (route.starts_with("/v1/projects") && *method != Method::GET)
+}
+
+/// Whether a request changes state: every method but GET and HEAD, and interactive terminals.
+pub fn mutating(method: &Method, route: &str) -> bool {
+    !(*method == Method::GET || *method == Method::HEAD) || route == "/v1/sandboxes/{id}/pty"
+}
+
+pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let t = st.tenancy.clone();
+    let (mut parts, body) = req.into_parts();
+    let route = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map_or_else(|| parts.uri.path().to_string(), |m| m.as_str().to_string());
+    let ctx = Ctx {
+        method: parts.method.clone(),
+        target: parts.uri.path().to_string(),
+        source: parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.to_string())
+            .unwrap_or_default(),
+        request_id: new_request_id(),
+        route,
+    };
+    let params: HashMap<String, String> = RawPathParams::from_request_parts(&mut parts, &())
+        .await
+        .map(|p| p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        .unwrap_or_default();
+    let is_mutating = mutating(&ctx.method, &ctx.route);
+
+    let principal = match t.authenticate(&parts.headers) {
+        Ok(p) => p,
+        Err(refusal) => {
+            let resp = ApiError::new(ErrorCode::Unauthorized, refusal.message()).into_response();
+            return finish(&t, &ctx, None, resp, true);
+        }
+    };
+    if let Err(why) = t.check_origin(&parts.headers) {
+        let resp = ApiError::new(ErrorCode::Forbidden, why).into_response();
+        return finish(&t, &ctx, Some(&principal), resp, is_mutating);
+    }
+    parts.extensions.insert(principal.clone());
+    let req = Request::from_parts(parts, body);
+    let resp = match admit(&t, &principal, &ctx, &params, req).await {
+        Ok((req, reservation)) => {
+            let resp = next.run(req).await;
+            let resp = after(&t, &principal, &ctx, &params, resp).await;
+            drop(reservation);
+            resp
+        }
+        Err(e) => e.into_response(),
+    };
+    finish(&t, &ctx, Some(&principal), resp, is_mutating)
+}
+
+/// Role, ownership and quota checks; returns the request (its body re-assembled if it was read).
+async fn admit(
+    t: &Tenancy,
+    p: &Principal,
+    ctx: &Ctx,
+    params: &HashMap<String, String>,
+    req: Request,
+) -> Result<(Request, Option<Reservation>), ApiError> {
+    let mcp = ctx.route.starts_with("/mcp");
+    if admin_only(&ctx.method, &ctx.route) && !p.is_admin() {
+        return Err(ApiError::new(ErrorCode::Forbidden, "this route needs an admin key"));
+    }
+    // MCP's tools call `/v1` with the caller's key, where they are checked one by one.
+    if !mcp && p.role == Role::Viewer && mutating(&ctx.method, &ctx.route) {
+        return Err(ApiError::new(ErrorCode::Forbidden, "a viewer key cannot change anything"));
+    }
+    for (kind, key) in objects::path_refs(&ctx.route, params) {
+        ensure_owned(t, p, kind, &key)?;
+    }
+    let (req, body) = if objects::body_may_refer(&ctx.method, &ctx.route) {
+        let (parts, body) = req.into_parts();
+        let bytes = axum::body::to_bytes(body, crate::http::JSON_LIMIT)
+            .await
+            .map_err(|_| ApiError::new(ErrorCode::PayloadTooLarge, "request body too large"))?;
+        // A body that is not JSON is left to the handler's typed error.
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        for (kind, key) in objects::body_refs(&value) {
+            ensure_owned(t, p, kind, &key)?;
+        }
+        (Request::from_parts(parts, Body::from(bytes)), value)
+    } else {
+        (req, Value::Null)
+    };
+    let reservation = match want(t, ctx, params, &body)? {
+        Some(w) => Some(reserve(t, p, w)?),
+        None => None,
+    };
+    Ok((req, reservation))
+}
+
+fn ensure_owned(t: &Tenancy, p: &Principal, kind: Kind, key: &str) -> Result<(), ApiError> {
+    match objects::owns(t, p, kind, key) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no such {} {key:?}", kind.as_str()),
+        )),
+        Err(e) => Err(ApiError::new(ErrorCode::Internal, e.to_string())),
+    }
+}
+
+/// What a request would start: creates, forks and resumes.
+fn want(
+    t: &Tenancy,
+    ctx: &Ctx,
+    params: &HashMap<String, String>,
+    body: &Value,
+) -> Result<Option<Want>, ApiError> {
+    if ctx.method != Method::POST {
+        return Ok(None);
+    }
+    let shape_of = |id: &str| -> Result<(u64, u64), ApiError> {
+        let row = t
+            .db()
+            .get(id)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        Ok(row.map_or((0, 0), |r| (r.vcpus.into(), r.memory_mib.into())))
+    };
+    let id = params.get("id").map(String::as_str).unwrap_or("");
+    let (n, (vcpus, memory), creates) = match ctx.route.as_str() {
+        "/v1/sandboxes" => {
+            let vcpus = body.get("vcpus").and_then(Value::as_u64);
+            let memory = body.get("memory_mib").and_then(Value::as_u64);
+            let shape = (
+                vcpus.unwrap_or(crate::service::lifecycle::DEFAULT_VCPUS.into()),
+                memory.unwrap_or(crate::service::lifecycle::DEFAULT_MEMORY_MIB.into()),
+            );
+            (1, shape, true)
+        }
+        // The count is in the body, read by the handler: take it conservatively from the parent's shape.
+        "/v1/sandboxes/{id}/fork" => (1, shape_of(id)?, true),
+        "/v1/sandboxes/{id}/resume" => (1, shape_of(id)?, false),
+        _ => return Ok(None),
+    };
+    Ok(Some(Want {
+        sandboxes: n,
+        vcpus: vcpus * n,
+        memory_mib: memory * n,
+        creates,
+    }))
+}
+
+fn reserve(t: &Tenancy, p: &Principal, w: Want) -> Result<Reservation, ApiError> {
+    let quota = t
+        .db()
+        .project(&p.project)
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
+        .map(|row| row.quota)
+        .unwrap_or_default();
+    t.admission
+        .admit(t.db(), &p.project, &quota, w, now_ms())
+        .map_err(|e| match e {
+            AdmitError::Exceeded(m) => ApiError::new(ErrorCode::QuotaExceeded, m),
+            AdmitError::Db(e) => ApiError::new(ErrorCode::Internal, e.to_string()),
+        })
+}
+
+/// Records what a create made, forgets what a delete removed, filters lists.
+async fn after(
+    t: &Tenancy,
+    p: &Principal,
+    ctx: &Ctx,
+    params: &HashMap<String, String>,
+    resp: Response,
+) -> Response {
+    if !resp.status().is_success() {
+        return resp;
+    }
+    if ctx.method == Method::DELETE
+        && let Some((kind, key)) = objects::deleted(&ctx.route, params)
+        && let Err(e) = t.db().remove_owner(kind.as_str(), &key)
+    {
+        tracing::warn!(error = %e, "forgetting a deleted object's owner");
+    }
+    let creates = objects::creates(&ctx.method, &ctx.route);
+    let filters = ctx.method == Method::GET && !p.is_admin() && objects::list_shape(&ctx.route).is_some();
+    if !creates && !filters {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, ANSWER_LIMIT).await else {
+        return ApiError::new(ErrorCode::Internal, "answer too large to check").into_response();
+    };
+    let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    let result = if creates {
+        objects::record_created(t, &ctx.route, &value, &p.project)
+    } else {
+        objects::filter_list(t, p, &ctx.route, &mut value)
+    };
+    if let Err(e) = result {
+        return ApiError::new(ErrorCode::Internal, e.to_string()).into_response();
+    }
+    if creates {
+        return Response::from_parts(parts, Body::from(bytes));
+    }
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(value.to_string()))
+}
+
+/// Adds the request id and, for state changes and refused keys, appends the audit entry.
+fn finish(t: &Tenancy, ctx: &Ctx, p: Option<&Principal>, mut resp: Response, audit: bool) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    if audit {
+        let entry = AuditEntry {
+            seq: 0,
+            at_ms: now_ms(),
+            key_id: p.map(|p| p.key_id.clone()).unwrap_or_default(),
+            project: p.map(|p| p.project.clone()).unwrap_or_default(),
+            role: p.map(|p| p.role.as_str().to_string()).unwrap_or_default(),
+            action: format!("{} {}", ctx.method, ctx.route),
+            target: ctx.target.clone(),
+            status: resp.status().as_u16(),
+            source: ctx.source.clone(),
+            request_id: ctx.request_id.clone(),
+            prev_hash: String::new(),
+            hash: String::new(),
+        };
+        if let Err(e) = t.db().append_audit(entry) {
+            tracing::error!(error = %e, request_id = %ctx.request_id, "appending to the audit log");
+        }
+    }
+    resp
+}
