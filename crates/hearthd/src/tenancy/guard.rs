@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use axum::body::Body;
 use axum::extract::connect_info::ConnectInfo;
-use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, OriginalUri, RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -54,7 +54,11 @@ pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Resp
         .map_or_else(|| parts.uri.path().to_string(), |m| m.as_str().to_string());
     let ctx = Ctx {
         method: parts.method.clone(),
-        target: parts.uri.path().to_string(),
+        // The path as sent (nested routers see it without their prefix).
+        target: parts
+            .extensions
+            .get::<OriginalUri>()
+            .map_or_else(|| parts.uri.path().to_string(), |u| u.0.path().to_string()),
         source: parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()

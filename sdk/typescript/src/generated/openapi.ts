@@ -53,6 +53,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The audit log (admin): every state change and every refused authentication, as a hash chain. */
+        get: operations["audit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/buckets": {
         parameters: {
             query?: never;
@@ -87,6 +104,44 @@ export interface paths {
         post?: never;
         /** Forget a bucket; refused while a sandbox mounts it (or a snapshot would mount it again). */
         delete: operations["buckets_delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List API keys (admin); never the keys themselves. */
+        get: operations["list_keys"];
+        put?: never;
+        /** Create an API key for a project (admin). The answer is the only time the key is shown. */
+        post: operations["create_key"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke an API key (admin); effective for the next request. The bootstrap key is rotated by removing the
+         *     key file and restarting hearthd instead.
+         */
+        delete: operations["revoke_key"];
         options?: never;
         head?: never;
         patch?: never;
@@ -144,6 +199,41 @@ export interface paths {
         post?: never;
         /** Detach a sandbox from a private network; the link to its peers is cut at once. */
         delete: operations["networks_detach"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/projects": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List projects: all for an admin key, else the key's own. */
+        get: operations["list_projects"];
+        put?: never;
+        /** Create a project (admin). */
+        post: operations["create_project"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/projects/{name}/quota": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /** Replace a project's quota (admin). Running sandboxes are not stopped; new ones are admitted under it. */
+        put: operations["set_quota"];
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -720,11 +810,66 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description An API key as listed: never the key itself. */
+        ApiKeyInfo: {
+            created_at: string;
+            expires_at?: string | null;
+            /** @description `key_` and 16 hex digits; `bootstrap` for the installer's key. */
+            id: string;
+            last_used_at?: string | null;
+            name?: string | null;
+            project: string;
+            revoked_at?: string | null;
+            role: components["schemas"]["Role"];
+        };
         /** @description Body of `PUT /v1/sandboxes/{id}/mounts?path=...`: mounts a bucket in a running sandbox. */
         AttachMountRequest: {
             bucket: string;
             prefix?: string | null;
             read_only?: boolean | null;
+        };
+        /** @description One audit log entry. `hash` = SHA-256 over the fields and `prev_hash` ([`audit_hash`]). */
+        AuditEntry: {
+            /** @description Method and route pattern, e.g. `DELETE /v1/sandboxes/{id}`. */
+            action: string;
+            /**
+             * Format: int64
+             * @description Unix milliseconds.
+             */
+            at_ms: number;
+            hash: string;
+            /** @description The key's id; empty when authentication was refused. */
+            key_id: string;
+            /** @description The hash of the entry before (64 zeros for the first). */
+            prev_hash: string;
+            project: string;
+            /** @description The `x-request-id` of the answer. */
+            request_id: string;
+            /** @description `admin`, `member`, `viewer`, or empty when authentication was refused. */
+            role: string;
+            /**
+             * Format: int64
+             * @description Position in the log, from 1, without gaps.
+             */
+            seq: number;
+            /** @description The client's address. */
+            source: string;
+            /**
+             * Format: int32
+             * @description The HTTP status of the answer.
+             */
+            status: number;
+            /** @description The path as requested. */
+            target: string;
+        };
+        /** @description Answer of `GET /v1/audit`. */
+        AuditPage: {
+            entries: components["schemas"]["AuditEntry"][];
+            /**
+             * Format: int64
+             * @description Pass as `after` for the next page; absent on the last.
+             */
+            next_after?: number | null;
         };
         /** @description Body of a `background: true` command start (status 202). */
         BackgroundStarted: {
@@ -843,10 +988,28 @@ export interface components {
             /** @description `s3://BUCKET` or `s3://BUCKET/PREFIX`: mounts see only what is under the prefix. */
             url: string;
         };
+        /** @description Body of `POST /v1/keys`. */
+        CreateKeyRequest: {
+            /**
+             * Format: int64
+             * @description Seconds from now until the key stops working; none: it does not expire.
+             */
+            expires_in_s?: number | null;
+            /** @description A label for people (1-100 printable characters). */
+            name?: string | null;
+            project: string;
+            role: components["schemas"]["Role"];
+        };
         /** @description Body of `POST /v1/networks`. */
         CreateNetworkRequest: {
             /** @description 1-32 characters: lowercase letters, digits and `-`, starting with a letter (it becomes a DNS label). */
             name: string;
+        };
+        /** @description Body of `POST /v1/projects`. */
+        CreateProjectRequest: {
+            /** @description 1-63 characters of `[a-z0-9-]`, starting with a letter or digit. */
+            name: string;
+            quota?: components["schemas"]["Quota"];
         };
         /** @description Body of `POST /v1/sandboxes`. */
         CreateSandboxRequest: {
@@ -916,6 +1079,15 @@ export interface components {
             name: string;
             recipe?: components["schemas"]["Recipe"] | null;
         };
+        /** @description Answer of `POST /v1/keys`: the only time the key is shown. */
+        CreatedKey: {
+            expires_at?: string | null;
+            id: string;
+            /** @description The secret (`hk_` and 64 hex digits). Stored only as a hash: keep it now. */
+            key: string;
+            project: string;
+            role: components["schemas"]["Role"];
+        };
         /**
          * @description What egress a rule list does not name gets.
          * @enum {string}
@@ -970,7 +1142,7 @@ export interface components {
          * @description Stable machine-readable error codes. Clients match on these, never on messages.
          * @enum {string}
          */
-        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "internal" | "unknown";
+        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "forbidden" | "quota_exceeded" | "internal" | "unknown";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -1018,6 +1190,10 @@ export interface components {
             sandboxes: components["schemas"]["Sandbox"][];
             /** @description The snapshot the children were restored from. */
             snapshot_id: string;
+        };
+        /** @description Answer of `GET /v1/keys`. */
+        KeyList: {
+            keys: components["schemas"]["ApiKeyInfo"][];
         };
         /** @description Body of `POST .../processes/{pid}/kill`. */
         KillProcessRequest: {
@@ -1131,6 +1307,40 @@ export interface components {
         ProcessList: {
             processes: components["schemas"]["ProcessInfo"][];
         };
+        /** @description A project. */
+        Project: {
+            /** @description RFC 3339. */
+            created_at: string;
+            name: string;
+            quota: components["schemas"]["Quota"];
+        };
+        /** @description Answer of `GET /v1/projects`. */
+        ProjectList: {
+            projects: components["schemas"]["Project"][];
+        };
+        /** @description Limits of one project; an absent field is unlimited. */
+        Quota: {
+            /**
+             * Format: int32
+             * @description Sandboxes created (or forked) per rolling minute.
+             */
+            max_creates_per_minute?: number | null;
+            /**
+             * Format: int64
+             * @description Total memory of those sandboxes, in MiB.
+             */
+            max_memory_mib?: number | null;
+            /**
+             * Format: int32
+             * @description Sandboxes not paused or stopped (creating, running, resuming) at once.
+             */
+            max_running?: number | null;
+            /**
+             * Format: int32
+             * @description Total vCPUs of those sandboxes.
+             */
+            max_vcpus?: number | null;
+        };
         /**
          * @description How to build a template: start from `base`, run `steps` in order (each with `/bin/sh -c`; the first that
          *     fails fails the build with its output), then optionally start `start_cmd` in the background and wait for
@@ -1152,6 +1362,11 @@ export interface components {
             from: string;
             to: string;
         };
+        /**
+         * @description What a key may do.
+         * @enum {string}
+         */
+        Role: "admin" | "member" | "viewer";
         /** @description Body of `POST /v1/sandboxes/{id}/commands`. Exactly one of `cmd` and `argv` must be set. */
         RunCommandRequest: {
             /** @description A program and its arguments, run directly (no shell). */
@@ -1504,6 +1719,42 @@ export interface operations {
             };
         };
     };
+    audit: {
+        parameters: {
+            query?: {
+                /** @description Entries after this sequence number (default 0: from the start). */
+                after?: number | null;
+                /** @description At most this many (1-1000, default 100). */
+                limit?: number | null;
+                project?: string | null;
+                key_id?: string | null;
+                /** @description Only entries at or after this unix millisecond. */
+                since_ms?: number | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditPage"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     buckets_list: {
         parameters: {
             query?: never;
@@ -1630,6 +1881,126 @@ export interface operations {
                 };
             };
             /** @description Still mounted */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_keys: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyList"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateKeyRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedKey"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such project */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    revoke_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Key id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The bootstrap key cannot be revoked here */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1819,6 +2190,115 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["NetworkInfo"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_projects: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProjectList"];
+                };
+            };
+        };
+    };
+    create_project: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateProjectRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Project"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A project of that name exists */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    set_quota: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Project name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Quota"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Project"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             404: {
@@ -3037,8 +3517,6 @@ export interface operations {
                 cwd?: string;
                 /** @description Extra environment as a JSON object (`{"NAME":"value"}`); `TERM` defaults to `xterm-256color`. */
                 env?: string;
-                /** @description The API key, for clients that can set neither the `Authorization` header nor the subprotocol. */
-                access_token?: string;
             };
             header?: never;
             path: {
@@ -3049,7 +3527,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Switching to the WebSocket protocol (subprotocol `hearth.pty.v1`). Binary frames carry terminal bytes both ways; text frames carry JSON control messages: from the client `{"type":"resize","rows":R,"cols":C}` and `{"type":"signal","signal":N}`, from the server `{"type":"exit","exit_code":N}` before it closes. Authentication: the Authorization header, or the subprotocol entry `hearth.key.<key>`, or `access_token`. */
+            /** @description Switching to the WebSocket protocol (subprotocol `hearth.pty.v1`). Binary frames carry terminal bytes both ways; text frames carry JSON control messages: from the client `{"type":"resize","rows":R,"cols":C}` and `{"type":"signal","signal":N}`, from the server `{"type":"exit","exit_code":N}` before it closes. Authentication: the Authorization header, or the subprotocol entry `hearth.key.<key>`. */
             101: {
                 headers: {
                     [name: string]: unknown;
