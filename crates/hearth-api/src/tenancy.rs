@@ -281,13 +281,25 @@ mod tests {
         let a = entry(1, AUDIT_GENESIS);
         let b = entry(2, &a.hash);
         let c = entry(3, &b.hash);
-        assert_eq!(verify_audit_chain(AUDIT_GENESIS, [&a, &b, &c]), Ok(c.hash.clone()));
+        assert_eq!(
+            verify_audit_chain(AUDIT_GENESIS, [&a, &b, &c]),
+            Ok(c.hash.clone())
+        );
         let mut b2 = b.clone();
         b2.status = 200;
-        assert_eq!(verify_audit_chain(AUDIT_GENESIS, [&a, &b2, &c]).map_err(|e| e.seq), Err(2));
-        assert_eq!(verify_audit_chain(AUDIT_GENESIS, [&a, &c]).map_err(|e| e.seq), Err(3));
+        assert_eq!(
+            verify_audit_chain(AUDIT_GENESIS, [&a, &b2, &c]).map_err(|e| e.seq),
+            Err(2)
+        );
+        assert_eq!(
+            verify_audit_chain(AUDIT_GENESIS, [&a, &c]).map_err(|e| e.seq),
+            Err(3)
+        );
         let mut a2 = a.clone();
         a2.target.push('x');
-        assert_eq!(verify_audit_chain(AUDIT_GENESIS, [&a2]).map_err(|e| e.seq), Err(1));
+        assert_eq!(
+            verify_audit_chain(AUDIT_GENESIS, [&a2]).map_err(|e| e.seq),
+            Err(1)
+        );
     }
 }

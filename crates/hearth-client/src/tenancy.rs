@@ -1,8 +1,8 @@
 //! Projects, scoped API keys, quotas and the audit log (admin keys, except listing one's own project).
 
 use hearth_api::{
-    AUDIT_GENESIS, AuditEntry, AuditPage, CreateKeyRequest, CreateProjectRequest, CreatedKey, KeyList, Project,
-    ProjectList, Quota,
+    AUDIT_GENESIS, AuditEntry, AuditPage, CreateKeyRequest, CreateProjectRequest, CreatedKey, KeyList,
+    Project, ProjectList, Quota,
 };
 use reqwest::Method;
 
@@ -11,12 +11,14 @@ use crate::{Client, Error};
 impl Client {
     /// `POST /v1/projects`.
     pub async fn create_project(&self, req: &CreateProjectRequest) -> Result<Project, Error> {
-        self.call(Method::POST, self.url(&["v1", "projects"]), Some(req)).await
+        self.call(Method::POST, self.url(&["v1", "projects"]), Some(req))
+            .await
     }
 
     /// `GET /v1/projects`.
     pub async fn list_projects(&self) -> Result<ProjectList, Error> {
-        self.call::<(), _>(Method::GET, self.url(&["v1", "projects"]), None).await
+        self.call::<(), _>(Method::GET, self.url(&["v1", "projects"]), None)
+            .await
     }
 
     /// `PUT /v1/projects/{name}/quota`.
@@ -27,12 +29,14 @@ impl Client {
 
     /// `POST /v1/keys`: the answer carries the key, shown only this once.
     pub async fn create_key(&self, req: &CreateKeyRequest) -> Result<CreatedKey, Error> {
-        self.call(Method::POST, self.url(&["v1", "keys"]), Some(req)).await
+        self.call(Method::POST, self.url(&["v1", "keys"]), Some(req))
+            .await
     }
 
     /// `GET /v1/keys`.
     pub async fn list_keys(&self) -> Result<KeyList, Error> {
-        self.call::<(), _>(Method::GET, self.url(&["v1", "keys"]), None).await
+        self.call::<(), _>(Method::GET, self.url(&["v1", "keys"]), None)
+            .await
     }
 
     /// `DELETE /v1/keys/{id}`.

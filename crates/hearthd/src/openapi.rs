@@ -6,7 +6,9 @@ use utoipa::Modify;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::http::{buckets, commands, files, network, ports, pty, sandboxes, system, templates, tenancy, watch};
+use crate::http::{
+    buckets, commands, files, network, ports, pty, sandboxes, system, templates, tenancy, watch,
+};
 
 #[derive(OpenApi)]
 #[openapi(

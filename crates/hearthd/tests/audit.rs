@@ -44,7 +44,11 @@ async fn every_mutating_route_of_the_openapi_document_writes_an_audit_entry() {
             "{} {path}: expected a refusal, got {status} {v}",
             r.method
         );
-        assert!(rid.starts_with("req_"), "{} {path}: x-request-id {rid:?}", r.method);
+        assert!(
+            rid.starts_with("req_"),
+            "{} {path}: x-request-id {rid:?}",
+            r.method
+        );
         expected.push((format!("{} {}", r.method, r.path), rid, status.as_u16()));
     }
     assert!(expected.len() >= 30, "mutating routes found: {}", expected.len());
@@ -79,7 +83,10 @@ async fn refused_keys_are_audited_and_one_changed_byte_breaks_the_chain() {
         assert_eq!(s, StatusCode::NOT_FOUND);
     }
     let entries = audit_entries(&d).await;
-    let refused = entries.iter().find(|e| e.request_id == rid).expect("refusal entry");
+    let refused = entries
+        .iter()
+        .find(|e| e.request_id == rid)
+        .expect("refusal entry");
     assert_eq!((refused.status, refused.key_id.as_str()), (401, ""));
     assert_eq!(refused.action, "GET /v1/sandboxes");
     hearth_client::tenancy::verify_audit_log(&entries).expect("intact chain verifies");
@@ -94,7 +101,8 @@ async fn refused_keys_are_audited_and_one_changed_byte_breaks_the_chain() {
     let refused_update = db.execute("UPDATE audit SET status = 204 WHERE seq = ?1", [victim as i64]);
     assert!(refused_update.is_err(), "the table refuses updates");
     // Someone with the database in hand removes the guard and changes one byte.
-    db.execute_batch("DROP TRIGGER audit_no_update").expect("drop trigger");
+    db.execute_batch("DROP TRIGGER audit_no_update")
+        .expect("drop trigger");
     let n = db
         .execute(
             "UPDATE audit SET target = '/v1/networks/n2' WHERE seq = ?1",
@@ -121,7 +129,10 @@ async fn keys_are_scoped_to_roles_revocable_at_once_and_expire() {
     assert_eq!(s, StatusCode::OK);
     let (s, list, _) = call(&d, &d.key, Method::GET, "/v1/keys", None).await;
     assert_eq!(s, StatusCode::OK);
-    assert!(!list.to_string().contains(&member.key), "a key list never shows keys");
+    assert!(
+        !list.to_string().contains(&member.key),
+        "a key list never shows keys"
+    );
     let listed = list["keys"]
         .as_array()
         .and_then(|k| k.iter().find(|k| k["id"] == json!(member.id)))
@@ -134,7 +145,10 @@ async fn keys_are_scoped_to_roles_revocable_at_once_and_expire() {
     let (s, v, _) = call(&d, &viewer.key, Method::GET, "/v1/sandboxes", None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let (s, v, _) = call(&d, &viewer.key, Method::POST, "/v1/sandboxes", Some(json!({}))).await;
-    assert_eq!((s, v["error"]["code"].clone()), (StatusCode::FORBIDDEN, json!("forbidden")));
+    assert_eq!(
+        (s, v["error"]["code"].clone()),
+        (StatusCode::FORBIDDEN, json!("forbidden"))
+    );
     for (m, p) in [
         (Method::GET, "/v1/keys"),
         (Method::GET, "/v1/audit"),
@@ -154,12 +168,26 @@ async fn keys_are_scoped_to_roles_revocable_at_once_and_expire() {
     assert_eq!(names, ["team-a"], "a member sees only its project");
 
     // Revocation takes effect on the next request.
-    let (s, _, _) = call(&d, &d.key, Method::DELETE, &format!("/v1/keys/{}", member.id), None).await;
+    let (s, _, _) = call(
+        &d,
+        &d.key,
+        Method::DELETE,
+        &format!("/v1/keys/{}", member.id),
+        None,
+    )
+    .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let (s, v, _) = call(&d, &member.key, Method::GET, "/v1/sandboxes", None).await;
-    assert_eq!((s, v["error"]["code"].clone()), (StatusCode::UNAUTHORIZED, json!("unauthorized")));
+    assert_eq!(
+        (s, v["error"]["code"].clone()),
+        (StatusCode::UNAUTHORIZED, json!("unauthorized"))
+    );
     let (s, _, _) = call(&d, &d.key, Method::DELETE, "/v1/keys/bootstrap", None).await;
-    assert_eq!(s, StatusCode::CONFLICT, "the bootstrap key is not revoked through the API");
+    assert_eq!(
+        s,
+        StatusCode::CONFLICT,
+        "the bootstrap key is not revoked through the API"
+    );
 
     // Expiry.
     let expired = wait_until(Duration::from_secs(10), || async {
@@ -188,9 +216,15 @@ async fn host_and_origin_are_checked_even_with_a_valid_key_and_keys_stay_out_of_
     assert_eq!(get(Some("http://evil.example"), None, "/v1/sandboxes").await, 403);
     assert_eq!(get(Some("null"), None, "/v1/sandboxes").await, 403);
     assert_eq!(get(None, Some("evil.example"), "/v1/sandboxes").await, 403);
-    assert_eq!(get(None, Some("localhost.evil.example:80"), "/v1/system").await, 403);
+    assert_eq!(
+        get(None, Some("localhost.evil.example:80"), "/v1/system").await,
+        403
+    );
     assert_eq!(get(Some("https://app.example"), None, "/v1/sandboxes").await, 200);
-    assert_eq!(get(Some("http://localhost:5173"), None, "/v1/sandboxes").await, 200);
+    assert_eq!(
+        get(Some("http://localhost:5173"), None, "/v1/sandboxes").await,
+        200
+    );
     assert_eq!(get(None, Some("localhost"), "/v1/sandboxes").await, 200);
     // `/mcp` too (the MCP specification requires Origin validation against DNS rebinding).
     let mcp = d
@@ -214,8 +248,18 @@ async fn host_and_origin_are_checked_even_with_a_valid_key_and_keys_stay_out_of_
 async fn quotas_refuse_at_their_edges_with_the_limit_named() {
     let d = Daemon::start().await;
     let cases = [
-        ("q-running", json!({"max_running": 0}), json!({}), "max_running = 0"),
-        ("q-vcpus", json!({"max_vcpus": 2}), json!({"vcpus": 3}), "max_vcpus = 2"),
+        (
+            "q-running",
+            json!({"max_running": 0}),
+            json!({}),
+            "max_running = 0",
+        ),
+        (
+            "q-vcpus",
+            json!({"max_vcpus": 2}),
+            json!({"vcpus": 3}),
+            "max_vcpus = 2",
+        ),
         (
             "q-memory",
             json!({"max_memory_mib": 256}),
@@ -235,7 +279,10 @@ async fn quotas_refuse_at_their_edges_with_the_limit_named() {
         let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body)).await;
         assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{project}: {v}");
         assert_eq!(v["error"]["code"], json!("quota_exceeded"));
-        assert!(v["error"]["message"].as_str().unwrap_or("").contains(named), "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap_or("").contains(named),
+            "{v}"
+        );
     }
     // Raising a quota takes effect at once (the request then fails later, on the template, not the quota).
     let (s, _, _) = call(
@@ -250,5 +297,9 @@ async fn quotas_refuse_at_their_edges_with_the_limit_named() {
     let k = create_key(&d, "q-vcpus", "member", None).await;
     let body = json!({"vcpus": 3, "template": "no-such-template"});
     let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body)).await;
-    assert_eq!((s, v["error"]["code"].clone()), (StatusCode::NOT_FOUND, json!("not_found")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].clone()),
+        (StatusCode::NOT_FOUND, json!("not_found")),
+        "{v}"
+    );
 }

@@ -169,10 +169,16 @@ async fn pty_over_websocket() {
     assert_eq!(exit["type"], "exit");
     assert_eq!(exit["exit_code"], 5, "{exit}");
 
-    // A command with cwd and env, the key in the query string; a signal message ends it.
+    // A command with cwd and env; a signal message ends it. A key in the query string is refused (keys stay
+    // out of URLs): the key goes in the subprotocol.
     let env = "%7B%22GREETING%22%3A%22hi%22%7D";
     let q = format!("cmd=echo+$GREETING+$(pwd);+sleep+100&cwd=/tmp&env={env}");
-    let mut ws = open(&d, &id, &q, Auth::Query(&d.key)).await.expect("open");
+    match open(&d, &id, &q, Auth::Query(&d.key)).await {
+        Err(WsError::Http(resp)) => assert_eq!(resp.status(), 401),
+        Err(e) => panic!("expected 401, got {e}"),
+        Ok(_) => panic!("a key in the URL opened a terminal"),
+    }
+    let mut ws = open(&d, &id, &q, Auth::Protocol(&d.key)).await.expect("open");
     let mut seen = String::new();
     until(&mut ws, &mut seen, "hi /tmp").await;
     ws.send(Message::Text(

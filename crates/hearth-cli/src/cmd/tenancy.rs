@@ -91,7 +91,9 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
         Some(i) => s.split_at(i),
         None => (s, "s"),
     };
-    let n: u64 = num.parse().map_err(|_| format!("{s:?}: a number with s, m, h or d"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: a number with s, m, h or d"))?;
     let mult = match unit {
         "s" => 1,
         "m" => 60,
@@ -172,7 +174,11 @@ pub async fn key(ctx: &Ctx, cmd: KeyCommand) -> anyhow::Result<u8> {
                     .keys
                     .iter()
                     .map(|k| {
-                        let state = if k.revoked_at.is_some() { "revoked" } else { "active" };
+                        let state = if k.revoked_at.is_some() {
+                            "revoked"
+                        } else {
+                            "active"
+                        };
                         vec![
                             k.id.clone(),
                             output::clean(&k.project),

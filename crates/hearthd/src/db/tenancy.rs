@@ -155,7 +155,9 @@ impl Db {
         let conn = self.lock();
         let mut stmt = conn.prepare("SELECT name, created_at, quota FROM projects ORDER BY name")?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, String>(2)?)))?
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, String>(2)?))
+            })?
             .collect::<Result<Vec<_>, _>>()?;
         rows.into_iter()
             .map(|(name, created_at_ms, quota)| {
@@ -205,7 +207,9 @@ impl Db {
 
     pub fn keys(&self) -> Result<Vec<KeyRow>, DbError> {
         let conn = self.lock();
-        let mut stmt = conn.prepare(&format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id"))?;
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id"
+        ))?;
         let rows = stmt.query_map([], key_row)?.collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
     }
@@ -270,7 +274,9 @@ impl Db {
     pub fn is_saved_template(&self, name: &str) -> Result<bool, DbError> {
         Ok(self
             .lock()
-            .query_row("SELECT 1 FROM templates WHERE name = ?1", params![name], |_| Ok(()))
+            .query_row("SELECT 1 FROM templates WHERE name = ?1", params![name], |_| {
+                Ok(())
+            })
             .optional()?
             .is_some())
     }
@@ -382,14 +388,17 @@ mod tests {
         })?;
         assert_eq!(all.len(), 5);
         hearth_api::verify_audit_chain(AUDIT_GENESIS, &all)?;
-        let err = db.lock().execute("UPDATE audit SET status = 500 WHERE seq = 2", []);
+        let err = db
+            .lock()
+            .execute("UPDATE audit SET status = 500 WHERE seq = 2", []);
         assert!(err.is_err(), "the trigger refuses updates");
         assert!(db.lock().execute("DELETE FROM audit", []).is_err());
         Ok(())
     }
 
     #[test]
-    fn existing_objects_belong_to_default_and_owners_follow_names() -> Result<(), Box<dyn std::error::Error>> {
+    fn existing_objects_belong_to_default_and_owners_follow_names() -> Result<(), Box<dyn std::error::Error>>
+    {
         let db = Db::open_in_memory()?;
         assert!(db.project("default")?.is_some());
         db.create_project("a", &Quota::default(), 1)?;

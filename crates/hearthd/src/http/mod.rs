@@ -171,14 +171,23 @@ pub fn app(state: AppState) -> Router {
             "/projects",
             post(tenancy::create_project.layer(quick())).get(tenancy::list_projects.layer(quick())),
         )
-        .route("/projects/{name}/quota", axum::routing::put(tenancy::set_quota.layer(quick())))
+        .route(
+            "/projects/{name}/quota",
+            axum::routing::put(tenancy::set_quota.layer(quick())),
+        )
         .route(
             "/keys",
             post(tenancy::create_key.layer(quick())).get(tenancy::list_keys.layer(quick())),
         )
-        .route("/keys/{id}", axum::routing::delete(tenancy::revoke_key.layer(quick())))
+        .route(
+            "/keys/{id}",
+            axum::routing::delete(tenancy::revoke_key.layer(quick())),
+        )
         .route("/audit", get(tenancy::audit.layer(quick())))
-        .route_layer(middleware::from_fn_with_state(state.clone(), crate::tenancy::guard::guard))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::tenancy::guard::guard,
+        ))
         .route_layer(middleware::from_fn(count_requests));
     // Exposed ports authorise themselves (API key or port token) and stream both ways without a timeout.
     let ports = Router::new()
@@ -243,7 +252,10 @@ fn mcp(state: AppState, addr: std::net::SocketAddr, stop: tokio_util::sync::Canc
     let service = hearth_mcp::http_service(&hearth_mcp::loopback_url(addr), stop);
     Router::new()
         .nest_service("/mcp", service)
-        .route_layer(middleware::from_fn_with_state(state, crate::tenancy::guard::guard))
+        .route_layer(middleware::from_fn_with_state(
+            state,
+            crate::tenancy::guard::guard,
+        ))
         .route_layer(middleware::from_fn(count_requests))
 }
 

@@ -134,12 +134,13 @@ async fn forward_inner(st: &AppState, req: &mut Request) -> Result<Response, Api
             },
         )
         .collect();
-    // The key must be one whose project owns the sandbox (crate::tenancy).
-    let by_key = req.headers().contains_key(header::AUTHORIZATION)
-        && st.tenancy.key_may_use_sandbox(req.headers(), &id);
     let by_token = token
         .as_deref()
         .is_some_and(|t| st.sandboxes.verify_port_token(t, &id, port));
+    // The key must be one whose project owns the sandbox (crate::tenancy).
+    let by_key = !by_token
+        && req.headers().contains_key(header::AUTHORIZATION)
+        && st.tenancy.key_may_use_sandbox(req.headers(), &id)?;
     if !by_key && !by_token {
         return Err(ApiError::new(
             ErrorCode::Unauthorized,

@@ -62,10 +62,19 @@ pub async fn create_project(
         ));
     }
     let db = st.tenancy.db();
-    if !db.create_project(&req.name, &req.quota, now_ms()).map_err(internal)? {
-        return Err(ApiError::new(ErrorCode::Conflict, "a project of that name exists"));
+    if !db
+        .create_project(&req.name, &req.quota, now_ms())
+        .map_err(internal)?
+    {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            "a project of that name exists",
+        ));
     }
-    let row = db.project(&req.name).map_err(internal)?.ok_or_else(|| internal("project vanished"))?;
+    let row = db
+        .project(&req.name)
+        .map_err(internal)?
+        .ok_or_else(|| internal("project vanished"))?;
     Ok((StatusCode::CREATED, Json(project(row))))
 }
 
@@ -100,7 +109,10 @@ pub async fn set_quota(
     if !db.set_quota(&name, &quota).map_err(internal)? {
         return Err(ApiError::new(ErrorCode::NotFound, "no such project"));
     }
-    let row = db.project(&name).map_err(internal)?.ok_or_else(|| internal("project vanished"))?;
+    let row = db
+        .project(&name)
+        .map_err(internal)?
+        .ok_or_else(|| internal("project vanished"))?;
     Ok(Json(project(row)))
 }
 
@@ -124,12 +136,18 @@ pub async fn create_key(
     if let Some(n) = &req.name
         && (n.is_empty() || n.chars().count() > 100 || n.chars().any(char::is_control))
     {
-        return Err(ApiError::new(ErrorCode::InvalidArgument, "name: 1-100 printable characters"));
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "name: 1-100 printable characters",
+        ));
     }
     let now = now_ms();
     let expires_at_ms = match req.expires_in_s {
         Some(s) if s == 0 || s > 10 * 365 * 86_400 => {
-            return Err(ApiError::new(ErrorCode::InvalidArgument, "expires_in_s: 1 s to 10 years"));
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "expires_in_s: 1 s to 10 years",
+            ));
         }
         Some(s) => Some(now + (s as i64) * 1000),
         None => None,
@@ -145,7 +163,8 @@ pub async fn create_key(
         last_used_at_ms: None,
         revoked_at_ms: None,
     };
-    db.insert_key(&row, &crate::auth::hash_key(&key)).map_err(internal)?;
+    db.insert_key(&row, &crate::auth::hash_key(&key))
+        .map_err(internal)?;
     Ok((
         StatusCode::CREATED,
         Json(CreatedKey {
@@ -184,7 +203,10 @@ pub async fn revoke_key(State(st): State<AppState>, Path(id): Path<String>) -> R
         ));
     }
     if !st.tenancy.db().revoke_key(&id, now_ms()).map_err(internal)? {
-        return Err(ApiError::new(ErrorCode::NotFound, "no such key, or already revoked"));
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            "no such key, or already revoked",
+        ));
     }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -108,11 +108,17 @@ async fn admit(
 ) -> Result<(Request, Option<Reservation>), ApiError> {
     let mcp = ctx.route.starts_with("/mcp");
     if admin_only(&ctx.method, &ctx.route) && !p.is_admin() {
-        return Err(ApiError::new(ErrorCode::Forbidden, "this route needs an admin key"));
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "this route needs an admin key",
+        ));
     }
     // MCP's tools call `/v1` with the caller's key, where they are checked one by one.
     if !mcp && p.role == Role::Viewer && mutating(&ctx.method, &ctx.route) {
-        return Err(ApiError::new(ErrorCode::Forbidden, "a viewer key cannot change anything"));
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "a viewer key cannot change anything",
+        ));
     }
     for (kind, key) in objects::path_refs(&ctx.route, params) {
         ensure_owned(t, p, kind, &key)?;

@@ -14,9 +14,10 @@ pub mod quota;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, header};
-use hearth_api::{DEFAULT_PROJECT, Role};
+use hearth_api::{DEFAULT_PROJECT, ErrorCode, Role};
 
 use crate::auth::{KeyCheck, hash_key};
+use crate::http::error::ApiError;
 use crate::service::{Sandboxes, now_ms};
 
 /// The id of the installer's key.
@@ -130,10 +131,17 @@ impl Tenancy {
         })
     }
 
-    /// Whether the key in `headers` may reach sandbox `id` (exposed ports, which authorise themselves).
-    pub fn key_may_use_sandbox(&self, headers: &HeaderMap, id: &str) -> bool {
-        self.authenticate(headers)
-            .is_ok_and(|p| objects::owns(self, &p, objects::Kind::Sandbox, id).unwrap_or(false))
+    /// Whether the key in `headers` may reach sandbox `id` (exposed ports, which authorise themselves):
+    /// false without a valid key, 404 (as if absent) for a key of another project.
+    pub fn key_may_use_sandbox(&self, headers: &HeaderMap, id: &str) -> Result<bool, ApiError> {
+        let Ok(p) = self.authenticate(headers) else {
+            return Ok(false);
+        };
+        match objects::owns(self, &p, objects::Kind::Sandbox, id) {
+            Ok(true) => Ok(true),
+            Ok(false) => Err(ApiError::new(ErrorCode::NotFound, "no such sandbox")),
+            Err(e) => Err(ApiError::new(ErrorCode::Internal, e.to_string())),
+        }
     }
 
     /// Refuses a request whose `Host` or `Origin` is neither local nor allowed (DNS rebinding, cross-site
@@ -142,13 +150,19 @@ impl Tenancy {
         if let Some(host) = headers.get(header::HOST) {
             let host = host.to_str().map_err(|_| "unreadable Host header".to_string())?;
             if !self.host_allowed(host) {
-                return Err(format!("Host {host:?} is neither local nor allowed (--allowed-host)"));
+                return Err(format!(
+                    "Host {host:?} is neither local nor allowed (--allowed-host)"
+                ));
             }
         }
         if let Some(origin) = headers.get(header::ORIGIN) {
-            let origin = origin.to_str().map_err(|_| "unreadable Origin header".to_string())?;
+            let origin = origin
+                .to_str()
+                .map_err(|_| "unreadable Origin header".to_string())?;
             if !self.origin_allowed(origin) {
-                return Err(format!("Origin {origin:?} is neither local nor allowed (--cors-origin)"));
+                return Err(format!(
+                    "Origin {origin:?} is neither local nor allowed (--cors-origin)"
+                ));
             }
         }
         Ok(())
@@ -158,7 +172,11 @@ impl Tenancy {
         let name = host_name(host);
         is_local_name(&name)
             || name.parse::<std::net::IpAddr>().is_ok()
-            || self.settings.allowed_hosts.iter().any(|h| h.eq_ignore_ascii_case(&name))
+            || self
+                .settings
+                .allowed_hosts
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(&name))
             || self
                 .settings
                 .cors_origins
@@ -186,7 +204,9 @@ pub fn presented_key(headers: &HeaderMap) -> Option<String> {
     if let Some(v) = headers.get(header::AUTHORIZATION) {
         let v = v.to_str().ok()?;
         let (scheme, key) = v.split_once(' ')?;
-        return scheme.eq_ignore_ascii_case("bearer").then(|| key.trim().to_string());
+        return scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| key.trim().to_string());
     }
     let upgrade = headers
         .get(header::UPGRADE)
@@ -210,7 +230,11 @@ fn host_name(host: &str) -> String {
         rest.split(']').next().unwrap_or("")
     } else {
         host.rsplit_once(':').map_or(host, |(h, port)| {
-            if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host }
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
         })
     };
     name.trim_end_matches('.').to_ascii_lowercase()
@@ -225,9 +249,7 @@ fn origin_host(origin: &str) -> Option<String> {
 fn is_local_name(name: &str) -> bool {
     name == "localhost"
         || name.ends_with(".localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A fresh request id (`req_` and 16 hex digits).
@@ -250,12 +272,16 @@ pub fn new_key_id() -> String {
 pub fn is_valid_project_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
 }
 
 #[cfg(test)]
 mod tests {
+    use axum::http::HeaderValue;
+
     use super::*;
 
     #[test]
@@ -270,5 +296,26 @@ mod tests {
         assert!(is_valid_project_name("team-a"));
         assert!(!is_valid_project_name("-a"));
         assert!(!is_valid_project_name("A"));
+    }
+
+    #[test]
+    fn keys_come_only_from_headers() {
+        let mut h = HeaderMap::new();
+        assert_eq!(presented_key(&h), None);
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static("hearth.pty.v1, hearth.key.hk_a"),
+        );
+        assert_eq!(
+            presented_key(&h),
+            None,
+            "the subprotocol counts only on WebSocket upgrades"
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert_eq!(presented_key(&h).as_deref(), Some("hk_a"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer hk_b"));
+        assert_eq!(presented_key(&h).as_deref(), Some("hk_b"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic hk_b"));
+        assert_eq!(presented_key(&h), None);
     }
 }

@@ -97,7 +97,12 @@ pub fn body_refs(body: &Value) -> Vec<(Kind, String)> {
     if let Some(x) = body.get("bucket").and_then(s) {
         refs.push((Kind::Bucket, x));
     }
-    for n in body.get("networks").and_then(Value::as_array).into_iter().flatten() {
+    for n in body
+        .get("networks")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         if let Some(n) = s(n) {
             refs.push((Kind::Network, n));
         }
@@ -136,7 +141,12 @@ pub fn record_created(t: &Tenancy, route: &str, answer: &Value, project: &str) -
             }
         }
         "/v1/sandboxes/{id}/fork" => {
-            for child in answer.get("sandboxes").and_then(Value::as_array).into_iter().flatten() {
+            for child in answer
+                .get("sandboxes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 if let Some(id) = s(child.get("id")) {
                     db.set_owner(Kind::Sandbox.as_str(), &id, &[&id], project)?;
                 }

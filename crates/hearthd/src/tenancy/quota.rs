@@ -32,7 +32,11 @@ pub struct Exceeded {
 
 impl std::fmt::Display for Exceeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "project quota {} = {} would be exceeded", self.limit, self.value)
+        write!(
+            f,
+            "project quota {} = {} would be exceeded",
+            self.limit, self.value
+        )
     }
 }
 
@@ -88,18 +92,27 @@ impl Admission {
     ) -> Result<Reservation, AdmitError> {
         let mut map = self.projects.lock().unwrap_or_else(|p| p.into_inner());
         let load = map.entry(project.to_string()).or_default();
-        while load.recent_creates.front().is_some_and(|t| *t <= now_ms - MINUTE_MS) {
+        while load
+            .recent_creates
+            .front()
+            .is_some_and(|t| *t <= now_ms - MINUTE_MS)
+        {
             load.recent_creates.pop_front();
         }
         let held = db.held(project)?;
         let check = |limit: &'static str, max: Option<u64>, used: u64, add: u64| match max {
-            Some(max) if used + add > max => Err(AdmitError::Exceeded(
-                Exceeded { limit, value: max }.to_string(),
-            )),
+            Some(max) if used + add > max => {
+                Err(AdmitError::Exceeded(Exceeded { limit, value: max }.to_string()))
+            }
             _ => Ok(()),
         };
         let running = held.running + load.reserved.running;
-        check("max_running", quota.max_running.map(u64::from), running, want.sandboxes)?;
+        check(
+            "max_running",
+            quota.max_running.map(u64::from),
+            running,
+            want.sandboxes,
+        )?;
         let vcpus = held.vcpus + load.reserved.vcpus;
         check("max_vcpus", quota.max_vcpus.map(u64::from), vcpus, want.vcpus)?;
         let memory = held.memory_mib + load.reserved.memory_mib;
@@ -145,7 +158,10 @@ mod tests {
         let r1 = a.admit(&db, "p", &quota, one, 0)?;
         let _r2 = a.admit(&db, "p", &quota, one, 1)?;
         let err = a.admit(&db, "p", &quota, one, 2).err().map(|e| e.to_string());
-        assert_eq!(err.as_deref(), Some("project quota max_running = 2 would be exceeded"));
+        assert_eq!(
+            err.as_deref(),
+            Some("project quota max_running = 2 would be exceeded")
+        );
         drop(r1);
         let _r3 = a.admit(&db, "p", &quota, one, 3)?;
         drop(_r3);

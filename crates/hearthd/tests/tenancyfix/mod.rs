@@ -106,7 +106,11 @@ pub async fn routes(d: &Daemon) -> Vec<Route> {
             });
         }
     }
-    assert!(out.len() > 50, "the document lists every route ({} found)", out.len());
+    assert!(
+        out.len() > 50,
+        "the document lists every route ({} found)",
+        out.len()
+    );
     out
 }
 

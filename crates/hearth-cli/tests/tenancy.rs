@@ -1,0 +1,78 @@
+//! `hearth project`, `hearth key` and `hearth audit verify` against the real daemon (no VM).
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use hearth_api::{CreatedKey, KeyList, ProjectList};
+use support::{Daemon, ok, stderr};
+
+#[test]
+fn projects_keys_and_the_audit_chain_from_the_command_line() {
+    let d = Daemon::start();
+    assert_eq!(
+        ok(d.run(&["project", "create", "team-a", "--max-running", "2"])),
+        "team-a\n"
+    );
+    let projects: ProjectList = serde_json::from_str(&ok(d.run(&["project", "ls", "--json"]))).unwrap();
+    let a = projects.projects.iter().find(|p| p.name == "team-a").unwrap();
+    assert_eq!(a.quota.max_running, Some(2));
+    assert!(projects.projects.iter().any(|p| p.name == "default"));
+
+    let out = ok(d.run(&[
+        "key",
+        "create",
+        "--project",
+        "team-a",
+        "--role",
+        "viewer",
+        "--expires",
+        "30d",
+        "--json",
+    ]));
+    let created: CreatedKey = serde_json::from_str(&out).unwrap();
+    assert!(
+        created.key.starts_with("hk_") && created.id.starts_with("key_"),
+        "{out}"
+    );
+    assert!(created.expires_at.is_some());
+    // Without --json: the key alone on stdout.
+    let plain = ok(d.run(&["key", "create", "--project", "team-a", "--role", "member"]));
+    assert!(
+        plain.trim().starts_with("hk_") && plain.lines().count() == 1,
+        "{plain}"
+    );
+
+    // The new key works through the CLI, and its role holds.
+    let as_viewer = |args: &[&str]| {
+        d.hearth()
+            .args(["--api-key", &created.key])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(as_viewer(&["ls"]).status.code(), Some(0));
+    let out = as_viewer(&["project", "create", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("forbidden"), "{}", stderr(&out));
+
+    let list = ok(d.run(&["key", "ls", "--json"]));
+    assert!(!list.contains(&created.key), "keys are never listed");
+    let keys: KeyList = serde_json::from_str(&list).unwrap();
+    assert!(
+        keys.keys
+            .iter()
+            .any(|k| k.id == created.id && k.last_used_at.is_some())
+    );
+
+    assert_eq!(
+        ok(d.run(&["key", "revoke", &created.id])),
+        format!("{}\n", created.id)
+    );
+    let out = as_viewer(&["ls"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("unauthorized"), "{}", stderr(&out));
+
+    let verified = ok(d.run(&["audit", "verify"]));
+    assert!(verified.starts_with("ok: "), "{verified}");
+}

@@ -1,0 +1,238 @@
+//! Projects against real VMs: a matrix over every route of the daemon's OpenAPI document (another project's key
+//! gets 404 on objects it does not own, a viewer cannot change anything, a revoked or expired key gets 401), and
+//! atomic quota admission (10 parallel creates against a limit of 3).
+
+mod common;
+mod tenancyfix;
+
+use std::time::Duration;
+
+use common::{Daemon, VM_LOCK, wait_until};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tenancyfix::{Key, Route, call, create_key, create_project, fill, routes};
+
+const SMALL: u32 = 256;
+
+fn ids(v: &Value, field: &str, id: &str) -> Vec<String> {
+    v[field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x[id].as_str().map(String::from))
+        .collect()
+}
+
+/// Project a's objects, as routes name them.
+struct Owned {
+    sandbox: String,
+    snapshot: String,
+    template: String,
+    key_id: String,
+}
+
+impl Owned {
+    fn path(&self, r: &Route) -> String {
+        fill(&r.path, |p| match p {
+            "id" if r.path.starts_with("/v1/snapshots") => self.snapshot.clone(),
+            "id" if r.path.starts_with("/v1/keys") => self.key_id.clone(),
+            "id" | "sandbox" => self.sandbox.clone(),
+            "name" if r.path.starts_with("/v1/templates") => self.template.clone(),
+            "name" if r.path.starts_with("/v1/projects") => "team-a".into(),
+            "pid" => "1".into(),
+            "port" => "8080".into(),
+            "path" => "index.html".into(),
+            _ => "absent-object".into(),
+        })
+    }
+
+    /// Whether the route names one of project a's objects in its path.
+    fn names_owned(r: &Route) -> bool {
+        r.path.starts_with("/v1/sandboxes/")
+            || r.path.starts_with("/v1/snapshots/")
+            || r.path.starts_with("/v1/templates/")
+            || r.path.contains("/members/{sandbox}")
+    }
+}
+
+fn admin_only(r: &Route) -> bool {
+    r.path.starts_with("/v1/keys")
+        || r.path.starts_with("/v1/audit")
+        || (r.path.starts_with("/v1/projects") && r.method != Method::GET)
+}
+
+async fn expect(d: &Daemon, k: &Key, r: &Route, path: &str, want: StatusCode, code: &str) {
+    let body = (r.method != Method::GET && r.method != Method::DELETE).then(|| json!({}));
+    let (s, v, _) = call(d, &k.key, r.method.clone(), path, body).await;
+    assert_eq!(s, want, "{} {path}: {v}", r.method);
+    assert_eq!(v["error"]["code"], json!(code), "{} {path}: {v}", r.method);
+}
+
+#[tokio::test]
+async fn every_route_is_scoped_to_its_project_and_role() {
+    let _vm = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    create_project(&d, "team-a", json!({})).await;
+    create_project(&d, "team-b", json!({})).await;
+    let a = create_key(&d, "team-a", "member", None).await;
+    let a_viewer = create_key(&d, "team-a", "viewer", None).await;
+    let b = create_key(&d, "team-b", "member", None).await;
+    let revoked = create_key(&d, "team-a", "admin", None).await;
+    let expired = create_key(&d, "team-a", "admin", Some(1)).await;
+    let (s, _, _) = call(
+        &d,
+        &d.key,
+        Method::DELETE,
+        &format!("/v1/keys/{}", revoked.id),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+
+    // Project a's objects: a sandbox, a snapshot of it, a template saved from it.
+    let body = json!({"template": "minimal", "memory_mib": SMALL});
+    let (s, sbx, _) = call(&d, &a.key, Method::POST, "/v1/sandboxes", Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{sbx}\n{}", d.log());
+    let sandbox = sbx["id"].as_str().expect("id").to_string();
+    let (s, snap, _) = call(
+        &d,
+        &a.key,
+        Method::POST,
+        &format!("/v1/sandboxes/{sandbox}/snapshots"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{snap}");
+    let body = json!({"name": "a-tpl", "from_sandbox": sandbox});
+    let (s, tpl, _) = call(&d, &a.key, Method::POST, "/v1/templates", Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{tpl}");
+    let owned = Owned {
+        sandbox: sandbox.clone(),
+        snapshot: snap["id"].as_str().expect("snapshot id").to_string(),
+        template: "a-tpl".into(),
+        key_id: a.id.clone(),
+    };
+
+    let expired_now = wait_until(Duration::from_secs(10), || async {
+        call(&d, &expired.key, Method::GET, "/v1/system", None).await.0 == StatusCode::UNAUTHORIZED
+    })
+    .await;
+    assert!(expired_now, "the 1-second key expires");
+
+    let all = routes(&d).await;
+    let mut checked = (0, 0, 0);
+    for r in all.iter().filter(|r| r.secured) {
+        let path = owned.path(r);
+        // Revoked and expired keys: 401 everywhere.
+        for k in [&revoked, &expired] {
+            expect(&d, k, r, &path, StatusCode::UNAUTHORIZED, "unauthorized").await;
+        }
+        // Another project's member: admin routes are forbidden, a's objects do not exist.
+        if admin_only(r) {
+            expect(&d, &b, r, &path, StatusCode::FORBIDDEN, "forbidden").await;
+        } else if Owned::names_owned(r) {
+            expect(&d, &b, r, &path, StatusCode::NOT_FOUND, "not_found").await;
+            checked.0 += 1;
+        }
+        // The viewer changes nothing.
+        if r.mutating() {
+            expect(&d, &a_viewer, r, &path, StatusCode::FORBIDDEN, "forbidden").await;
+            checked.1 += 1;
+        }
+        checked.2 += 1;
+    }
+    assert!(checked.0 >= 25, "routes naming a's objects checked: {checked:?}");
+    assert!(checked.1 >= 30, "mutating routes checked: {checked:?}");
+
+    // Objects named in bodies are a's too.
+    for (path, body) in [
+        ("/v1/sandboxes", json!({"snapshot": owned.snapshot})),
+        ("/v1/sandboxes", json!({"template": owned.template})),
+        ("/v1/templates", json!({"name": "b-tpl", "from_sandbox": sandbox})),
+    ] {
+        let (s, v, _) = call(&d, &b.key, Method::POST, path, Some(body.clone())).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path} {body}: {v}");
+    }
+
+    // Lists: a sees its objects and the built-in templates, b only the built-in templates.
+    for (k, sees) in [(&a, true), (&a_viewer, true), (&b, false)] {
+        let (_, v, _) = call(&d, &k.key, Method::GET, "/v1/sandboxes", None).await;
+        assert_eq!(ids(&v, "sandboxes", "id").contains(&sandbox), sees, "{v}");
+        let (_, v, _) = call(&d, &k.key, Method::GET, "/v1/snapshots", None).await;
+        assert_eq!(ids(&v, "snapshots", "id").contains(&owned.snapshot), sees, "{v}");
+        let (_, v, _) = call(&d, &k.key, Method::GET, "/v1/templates", None).await;
+        let names = ids(&v, "templates", "name");
+        assert_eq!(names.contains(&owned.template), sees, "{v}");
+        assert!(
+            names.contains(&"minimal".to_string()),
+            "built-in templates are readable by all: {v}"
+        );
+        let (_, v, _) = call(&d, &k.key, Method::GET, "/v1/usage", None).await;
+        assert_eq!(ids(&v, "sandboxes", "sandbox_id").contains(&sandbox), sees, "{v}");
+        let (s, _, _) = call(&d, &k.key, Method::GET, &format!("/v1/sandboxes/{sandbox}"), None).await;
+        assert_eq!(s == StatusCode::OK, sees);
+    }
+    // The bootstrap admin sees every project's objects.
+    assert!(d.list_ids().await.contains(&sandbox));
+
+    // The owner cleans up; names are freed.
+    for path in [
+        "/v1/templates/a-tpl".to_string(),
+        format!("/v1/sandboxes/{sandbox}"),
+        format!("/v1/snapshots/{}", owned.snapshot),
+    ] {
+        let (s, v, _) = call(&d, &a.key, Method::DELETE, &path, None).await;
+        assert!(s.is_success(), "DELETE {path}: {s} {v}");
+    }
+}
+
+#[tokio::test]
+async fn ten_parallel_creates_against_a_limit_of_three_admit_exactly_three() {
+    let _vm = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    create_project(&d, "q", json!({"max_running": 3})).await;
+    let k = create_key(&d, "q", "member", None).await;
+    let creates = (0..10).map(|_| {
+        let body = json!({"template": "minimal", "memory_mib": SMALL});
+        call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body))
+    });
+    let answers = futures::future::join_all(creates).await;
+    let created: Vec<String> = answers
+        .iter()
+        .filter(|(s, _, _)| *s == StatusCode::CREATED)
+        .filter_map(|(_, v, _)| v["id"].as_str().map(String::from))
+        .collect();
+    let refused = answers
+        .iter()
+        .filter(|(s, v, _)| {
+            *s == StatusCode::TOO_MANY_REQUESTS
+                && v["error"]["code"] == json!("quota_exceeded")
+                && v["error"]["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("max_running = 3")
+        })
+        .count();
+    let statuses: Vec<u16> = answers.iter().map(|(s, _, _)| s.as_u16()).collect();
+    assert_eq!((created.len(), refused), (3, 7), "{statuses:?}\n{}", d.log());
+    // At the limit: one more is refused; after one is destroyed, one fits again.
+    let body = json!({"template": "minimal", "memory_mib": SMALL});
+    let (s, _, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body.clone())).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    let (s, _, _) = call(
+        &d,
+        &k.key,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{}", created[0]),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let mut rest: Vec<String> = created[1..].to_vec();
+    rest.extend(v["id"].as_str().map(String::from));
+    for id in rest {
+        d.destroy(&id).await;
+    }
+}
