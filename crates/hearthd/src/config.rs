@@ -229,6 +229,16 @@ pub fn resolv_conf_nameserver(text: &str) -> Option<SocketAddr> {
         .next()
 }
 
+impl Args {
+    /// What `crate::tenancy` takes from the command line.
+    pub fn tenancy_settings(&self) -> crate::tenancy::TenancySettings {
+        crate::tenancy::TenancySettings {
+            cors_origins: self.cors_origins.clone(),
+            allowed_hosts: self.allowed_hosts.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod net_tests {
     #[test]
@@ -243,15 +253,5 @@ mod net_tests {
             Some("[fe80::1]:53".parse().expect("addr"))
         );
         assert_eq!(super::resolv_conf_nameserver("search x\n"), None);
-    }
-}
-
-impl Args {
-    /// What `crate::tenancy` takes from the command line.
-    pub fn tenancy_settings(&self) -> crate::tenancy::TenancySettings {
-        crate::tenancy::TenancySettings {
-            cors_origins: self.cors_origins.clone(),
-            allowed_hosts: self.allowed_hosts.clone(),
-        }
     }
 }
