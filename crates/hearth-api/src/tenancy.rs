@@ -82,6 +82,18 @@ pub struct Project {
     pub quota: Quota,
 }
 
+/// Answer of `GET /v1/projects/{name}/usage`: what the project holds against its quota.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct ProjectUsage {
+    pub project: String,
+    pub quota: Quota,
+    /// Sandboxes creating, running, pausing or resuming.
+    pub running: u64,
+    pub vcpus: u64,
+    pub memory_mib: u64,
+}
+
 /// Answer of `GET /v1/projects`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]

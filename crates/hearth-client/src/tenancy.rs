@@ -2,7 +2,7 @@
 
 use hearth_api::{
     AUDIT_GENESIS, AuditEntry, AuditPage, CreateKeyRequest, CreateProjectRequest, CreatedKey, KeyList,
-    Project, ProjectList, Quota,
+    Project, ProjectList, ProjectUsage, Quota,
 };
 use reqwest::Method;
 
@@ -19,6 +19,12 @@ impl Client {
     pub async fn list_projects(&self) -> Result<ProjectList, Error> {
         self.call::<(), _>(Method::GET, self.url(&["v1", "projects"]), None)
             .await
+    }
+
+    /// `GET /v1/projects/{name}/usage`.
+    pub async fn project_usage(&self, project: &str) -> Result<ProjectUsage, Error> {
+        let url = self.url(&["v1", "projects", project, "usage"]);
+        self.call::<(), _>(Method::GET, url, None).await
     }
 
     /// `PUT /v1/projects/{name}/quota`.

@@ -27,7 +27,7 @@ use crate::http::{
         system::healthz, system::system, system::metrics, system::openapi,
         buckets::create, buckets::list, buckets::get, buckets::delete, buckets::mounts, buckets::attach,
         buckets::detach,
-        tenancy::create_project, tenancy::list_projects, tenancy::set_quota, tenancy::create_key,
+        tenancy::create_project, tenancy::list_projects, tenancy::usage, tenancy::set_quota, tenancy::create_key,
         tenancy::list_keys, tenancy::revoke_key, tenancy::audit,
     ),
     components(schemas(hearth_api::ErrorCode, hearth_api::ErrorDetail, hearth_api::SandboxState,

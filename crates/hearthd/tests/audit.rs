@@ -302,4 +302,35 @@ async fn quotas_refuse_at_their_edges_with_the_limit_named() {
         (StatusCode::NOT_FOUND, json!("not_found")),
         "{v}"
     );
+
+    // Usage against limits: one's own project, not another's.
+    let (s, v, _) = call(&d, &k.key, Method::GET, "/v1/projects/q-vcpus/usage", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["running"].clone(), v["quota"]["max_vcpus"].clone()),
+        (json!(0), json!(3))
+    );
+    let (s, _, _) = call(&d, &k.key, Method::GET, "/v1/projects/q-memory/usage", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // A fork counts every child it asks for.
+    let quota = Some(json!({"max_running": 2}));
+    let (s, _, _) = call(&d, &d.key, Method::PUT, "/v1/projects/default/quota", quota).await;
+    assert_eq!(s, StatusCode::OK);
+    let path = "/v1/sandboxes/sbx_0000000000000000/fork";
+    let (s, v, _) = call(&d, &d.key, Method::POST, path, Some(json!({"count": 3}))).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("max_running = 2"),
+        "{v}"
+    );
+    let (s, _, _) = call(&d, &d.key, Method::POST, path, Some(json!({"count": 2}))).await;
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "within the quota, the missing parent answers"
+    );
 }

@@ -175,6 +175,7 @@ pub fn app(state: AppState) -> Router {
             "/projects/{name}/quota",
             axum::routing::put(tenancy::set_quota.layer(quick())),
         )
+        .route("/projects/{name}/usage", get(tenancy::usage.layer(quick())))
         .route(
             "/keys",
             post(tenancy::create_key.layer(quick())).get(tenancy::list_keys.layer(quick())),

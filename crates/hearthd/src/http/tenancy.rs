@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use hearth_api::{
     ApiKeyInfo, AuditPage, CreateKeyRequest, CreateProjectRequest, CreatedKey, ErrorBody, ErrorCode, KeyList,
-    Project, ProjectList, Quota,
+    Project, ProjectList, ProjectUsage, Quota,
 };
 use serde::Deserialize;
 
@@ -93,6 +93,32 @@ pub async fn list_projects(
         .map(project)
         .collect();
     Ok(Json(ProjectList { projects }))
+}
+
+/// What a project holds against its quota (admins: any project; others: their own, else 404).
+#[utoipa::path(get, path = "/v1/projects/{name}/usage", tag = "projects",
+    params(("name" = String, Path, description = "Project name")),
+    responses((status = 200, body = ProjectUsage), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn usage(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Result<Json<ProjectUsage>, ApiError> {
+    let not_found = || ApiError::new(ErrorCode::NotFound, "no such project");
+    if !p.is_admin() && p.project != name {
+        return Err(not_found());
+    }
+    let db = st.tenancy.db();
+    let row = db.project(&name).map_err(internal)?.ok_or_else(not_found)?;
+    let held = db.held(&name).map_err(internal)?;
+    Ok(Json(ProjectUsage {
+        project: row.name,
+        quota: row.quota,
+        running: held.running,
+        vcpus: held.vcpus,
+        memory_mib: held.memory_mib,
+    }))
 }
 
 /// Replace a project's quota (admin). Running sandboxes are not stopped; new ones are admitted under it.

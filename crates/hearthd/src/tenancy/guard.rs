@@ -183,8 +183,15 @@ fn want(
             );
             (1, shape, true)
         }
-        // The count is in the body, read by the handler: take it conservatively from the parent's shape.
-        "/v1/sandboxes/{id}/fork" => (1, shape_of(id)?, true),
+        // Each child has the parent's shape; an absent body or count is one child.
+        "/v1/sandboxes/{id}/fork" => {
+            let count = body
+                .get("count")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .clamp(1, 64);
+            (count, shape_of(id)?, true)
+        }
         "/v1/sandboxes/{id}/resume" => (1, shape_of(id)?, false),
         _ => return Ok(None),
     };

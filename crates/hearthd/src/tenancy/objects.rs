@@ -67,12 +67,13 @@ pub fn path_refs(route: &str, params: &HashMap<String, String>) -> Vec<(Kind, St
     refs
 }
 
-/// Whether a route's JSON body may name objects (it is then read before the handler).
+/// Whether a route's JSON body may name objects or sizes (it is then read before the handler).
 pub fn body_may_refer(method: &axum::http::Method, route: &str) -> bool {
     use axum::http::Method;
     matches!(
         (method, route),
         (&Method::POST, "/v1/sandboxes")
+            | (&Method::POST, "/v1/sandboxes/{id}/fork")
             | (&Method::POST, "/v1/templates")
             | (&Method::PUT, "/v1/sandboxes/{id}/mounts")
     )

@@ -239,6 +239,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/projects/{name}/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** What a project holds against its quota (admins: any project; others: their own, else 404). */
+        get: operations["projects_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes": {
         parameters: {
             query?: never;
@@ -682,7 +699,7 @@ export interface paths {
             cookie?: never;
         };
         /** Usage of one sandbox since its creation. */
-        get: operations["usage"];
+        get: operations["usage_usage"];
         put?: never;
         post?: never;
         delete?: never;
@@ -1317,6 +1334,20 @@ export interface components {
         /** @description Answer of `GET /v1/projects`. */
         ProjectList: {
             projects: components["schemas"]["Project"][];
+        };
+        /** @description Answer of `GET /v1/projects/{name}/usage`: what the project holds against its quota. */
+        ProjectUsage: {
+            /** Format: int64 */
+            memory_mib: number;
+            project: string;
+            quota: components["schemas"]["Quota"];
+            /**
+             * Format: int64
+             * @description Sandboxes creating, running, pausing or resuming.
+             */
+            running: number;
+            /** Format: int64 */
+            vcpus: number;
         };
         /** @description Limits of one project; an absent field is unlimited. */
         Quota: {
@@ -2299,6 +2330,36 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    projects_usage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Project name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ProjectUsage"];
                 };
             };
             404: {
@@ -3734,7 +3795,7 @@ export interface operations {
             };
         };
     };
-    usage: {
+    usage_usage: {
         parameters: {
             query?: never;
             header?: never;
