@@ -238,6 +238,24 @@ async fn host_and_origin_are_checked_even_with_a_valid_key_and_keys_stay_out_of_
         .await
         .expect("mcp");
     assert_eq!(mcp.status(), 403);
+    // CORS: a preflight from the allowed origin is answered for it; another origin gets no allowance.
+    let preflight = |origin: &'static str| {
+        d.http
+            .request(Method::OPTIONS, d.url("/v1/sandboxes"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "authorization, content-type")
+            .send()
+    };
+    let ok = preflight("https://app.example").await.expect("preflight");
+    assert!(ok.status().is_success(), "{}", ok.status());
+    let allow = ok
+        .headers()
+        .get("access-control-allow-origin")
+        .and_then(|v| v.to_str().ok());
+    assert_eq!(allow, Some("https://app.example"));
+    let evil = preflight("http://evil.example").await.expect("preflight");
+    assert!(evil.headers().get("access-control-allow-origin").is_none());
     // A key in the query string is not a key.
     let url = d.url(&format!("/v1/sandboxes?access_token={}", d.key));
     let s = d.http.get(url).send().await.expect("send").status();

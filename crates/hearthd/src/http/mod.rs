@@ -233,7 +233,11 @@ pub async fn run_with(
 ) -> std::io::Result<()> {
     let mcp_stop = tokio_util::sync::CancellationToken::new();
     let addr = listener.local_addr()?;
-    let router = app(state.clone()).merge(mcp(state, addr, mcp_stop.clone()));
+    let mut router = app(state.clone()).merge(mcp(state.clone(), addr, mcp_stop.clone()));
+    // Browsers of the `--cors-origin` origins (crate::tenancy).
+    if let Some(cors) = state.tenancy.cors_layer() {
+        router = router.layer(cors);
+    }
     // E2B's control plane beside `/v1`, and envd's paths on requests naming a sandbox (`E2b-Sandbox-Id` header
     // or `{port}-{id}.` host name) to the envd adapter (crate hearth-e2b, calling this API over loopback).
     let e2b = hearth_e2b::Adapter::new(&hearth_mcp::loopback_url(addr), mcp_stop.clone())

@@ -223,6 +223,48 @@ pub fn presented_key(headers: &HeaderMap) -> Option<String> {
         .find_map(|p| p.trim().strip_prefix(KEY_PROTOCOL_PREFIX).map(str::to_string))
 }
 
+impl Tenancy {
+    /// CORS for the `--cors-origin` origins (none configured: no CORS answers at all, as before). Preflights
+    /// are answered without a key; the actual requests still need one in `Authorization`.
+    pub fn cors_layer(&self) -> Option<tower_http::cors::CorsLayer> {
+        use axum::http::{HeaderName, HeaderValue, Method};
+        let origins: Vec<HeaderValue> = self
+            .settings
+            .cors_origins
+            .iter()
+            .filter_map(|o| HeaderValue::from_str(o.trim_end_matches('/')).ok())
+            .collect();
+        if origins.is_empty() {
+            return None;
+        }
+        let headers = [
+            "authorization",
+            "content-type",
+            "mcp-session-id",
+            "mcp-protocol-version",
+            "last-event-id",
+        ]
+        .map(HeaderName::from_static);
+        Some(
+            tower_http::cors::CorsLayer::new()
+                .allow_origin(origins)
+                .allow_methods([
+                    Method::GET,
+                    Method::POST,
+                    Method::PUT,
+                    Method::PATCH,
+                    Method::DELETE,
+                ])
+                .allow_headers(headers)
+                .expose_headers([
+                    HeaderName::from_static("x-request-id"),
+                    HeaderName::from_static("mcp-session-id"),
+                ])
+                .max_age(std::time::Duration::from_secs(600)),
+        )
+    }
+}
+
 /// `host[:port]` or `[v6]:port` → the lowercase host name (brackets kept off).
 fn host_name(host: &str) -> String {
     let host = host.trim();
