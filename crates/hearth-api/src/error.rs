@@ -48,6 +48,8 @@ pub enum ErrorCode {
     Forbidden,
     /// A project quota would be exceeded; the message names the limit and its value.
     QuotaExceeded,
+    /// This key sends requests faster than the daemon allows; retry after `Retry-After` seconds.
+    RateLimited,
     /// Something unexpected went wrong in the daemon.
     Internal,
     /// Any code this client version does not know yet.
@@ -64,7 +66,7 @@ impl ErrorCode {
             ErrorCode::AgentTooOld => 409,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden => 403,
-            ErrorCode::QuotaExceeded => 429,
+            ErrorCode::QuotaExceeded | ErrorCode::RateLimited => 429,
             ErrorCode::NotFound | ErrorCode::UnknownRoute => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Conflict => 409,
@@ -83,6 +85,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::RateLimited => "rate_limited",
             ErrorCode::NotFound => "not_found",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Conflict => "conflict",

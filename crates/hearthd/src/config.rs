@@ -105,6 +105,10 @@ pub struct Args {
     /// (repeatable). Other names are refused with 403 (DNS rebinding).
     #[arg(long = "allowed-host", value_name = "HOST")]
     pub allowed_hosts: Vec<String>,
+    /// Requests per second each API key may send (bursts of twice that); over it: 429 with Retry-After. The
+    /// bootstrap key is not limited. 0: no limit.
+    #[arg(long, value_name = "RPS", default_value_t = 0, env = "HEARTH_KEY_RATE_LIMIT")]
+    pub key_rate_limit: u32,
 }
 
 /// Paths derived from the flags.
@@ -235,6 +239,7 @@ impl Args {
         crate::tenancy::TenancySettings {
             cors_origins: self.cors_origins.clone(),
             allowed_hosts: self.allowed_hosts.clone(),
+            key_rate_limit: self.key_rate_limit,
         }
     }
 }

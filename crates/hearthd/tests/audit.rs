@@ -352,3 +352,46 @@ async fn quotas_refuse_at_their_edges_with_the_limit_named() {
         "within the quota, the missing parent answers"
     );
 }
+
+#[tokio::test]
+async fn a_flooding_key_is_rate_limited_alone() {
+    let d = Daemon::start_with(&["--network", "off", "--key-rate-limit", "5"]).await;
+    create_project(&d, "flood", json!({})).await;
+    let flooder = create_key(&d, "flood", "member", None).await;
+    let other = create_key(&d, "flood", "viewer", None).await;
+    let mut limited = None;
+    for _ in 0..40 {
+        let resp = d
+            .http
+            .get(d.url("/v1/system"))
+            .bearer_auth(&flooder.key)
+            .send()
+            .await
+            .expect("send");
+        if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some(resp);
+            break;
+        }
+    }
+    let resp = limited.expect("40 requests at once pass a 5/s limit (burst 10)");
+    let retry: u64 = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!((1..=2).contains(&retry), "{retry}");
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["error"]["code"], json!("rate_limited"));
+    // Another key, and the bootstrap key, are not slowed by it.
+    let (s, _, _) = call(&d, &other.key, Method::GET, "/v1/system", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _, _) = call(&d, &d.key, Method::GET, "/v1/system", None).await;
+    assert_eq!(s, StatusCode::OK);
+    // The flooder recovers at the rate.
+    let recovered = wait_until(Duration::from_secs(5), || async {
+        call(&d, &flooder.key, Method::GET, "/v1/system", None).await.0 == StatusCode::OK
+    })
+    .await;
+    assert!(recovered);
+}

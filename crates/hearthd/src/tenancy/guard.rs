@@ -84,6 +84,20 @@ pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Resp
         let resp = ApiError::new(ErrorCode::Forbidden, why).into_response();
         return finish(&t, &ctx, Some(&principal), resp, is_mutating);
     }
+    if let Some(rate) = &t.rate
+        && principal.key_id != super::BOOTSTRAP_KEY_ID
+        && let Err(wait) = rate.take(&principal.key_id, std::time::Instant::now())
+    {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let mut resp = ApiError::new(
+            ErrorCode::RateLimited,
+            format!("too many requests; retry in {secs} s"),
+        )
+        .into_response();
+        resp.headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        return finish(&t, &ctx, Some(&principal), resp, is_mutating);
+    }
     parts.extensions.insert(principal.clone());
     let req = Request::from_parts(parts, body);
     let resp = match admit(&t, &principal, &ctx, &params, req).await {

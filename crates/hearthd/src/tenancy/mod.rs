@@ -10,6 +10,7 @@
 pub mod guard;
 pub mod objects;
 pub mod quota;
+pub mod ratelimit;
 
 use std::sync::Arc;
 
@@ -66,6 +67,8 @@ pub struct TenancySettings {
     pub cors_origins: Vec<String>,
     /// Host names allowed in `Host` besides local names and IP literals (`--allowed-host`).
     pub allowed_hosts: Vec<String>,
+    /// Requests per second per key (burst: twice that); 0: unlimited (`--key-rate-limit`).
+    pub key_rate_limit: u32,
 }
 
 /// Keys, ownership, quotas: shared by the API's middleware and the routes that authorise themselves.
@@ -74,6 +77,7 @@ pub struct Tenancy {
     bootstrap: KeyCheck,
     settings: TenancySettings,
     pub(crate) admission: quota::Admission,
+    pub(crate) rate: Option<ratelimit::RateLimiter>,
 }
 
 impl std::fmt::Debug for Tenancy {
@@ -87,6 +91,7 @@ impl Tenancy {
         Arc::new(Tenancy {
             sandboxes,
             bootstrap,
+            rate: ratelimit::RateLimiter::new(settings.key_rate_limit),
             settings,
             admission: quota::Admission::default(),
         })

@@ -1159,7 +1159,7 @@ export interface components {
          * @description Stable machine-readable error codes. Clients match on these, never on messages.
          * @enum {string}
          */
-        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "forbidden" | "quota_exceeded" | "internal" | "unknown";
+        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "forbidden" | "quota_exceeded" | "rate_limited" | "internal" | "unknown";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
