@@ -5,6 +5,7 @@
 //! - [`VmSpec`], [`NetAttach`]: what one VM is made of, including its NIC (a tap in a network namespace).
 //! - [`qemu`]: QEMU `microvm` driver (KVM when usable, TCG otherwise).
 //! - [`firecracker`]: Firecracker driver over its REST API on a Unix socket.
+//! - [`cgroup`]: the cgroup of each VMM process (limits from the VM's shape, removal, sweep), both drivers.
 //! - [`detect`]: host probe (KVM, PVM, binaries) and the `auto` choice with its reason.
 //!
 //! A driver owns its process, its sockets and its files under [`VmSpec::run_dir`]; nothing else reaches into
@@ -17,6 +18,7 @@ use tokio::net::UnixStream;
 
 pub use disk::DiskFormat;
 
+pub mod cgroup;
 pub mod detect;
 pub mod disk;
 pub mod firecracker;
@@ -341,7 +343,7 @@ pub trait Vmm: Send + Sync {
         false
     }
 
-    /// Removes what the driver keeps on the host outside run directories (Firecracker: jailed VMs' cgroups)
+    /// Removes what the driver keeps on the host outside run directories (VMs' cgroups)
     /// for every VM not in `live`, killing a VMM that still runs there: the daemon calls it once at start,
     /// after recovery, with the VMs it adopted. Default: nothing to remove.
     async fn sweep(&self, live: &[VmHandle]) {

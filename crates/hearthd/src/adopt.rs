@@ -131,7 +131,7 @@ pub async fn recover(svc: &Arc<Sandboxes>) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// After recovery: lets the VMM driver remove what it keeps outside run directories (jailed Firecracker's
+/// After recovery: lets the VMM driver remove what it keeps outside run directories (VMs'
 /// cgroups) for every VM the daemon does not run, like the network sweep does for namespaces.
 pub async fn sweep_vmm(svc: &Sandboxes) {
     let live: Vec<VmHandle> = match svc.db().list() {
