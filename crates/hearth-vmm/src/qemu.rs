@@ -275,49 +275,6 @@ impl QemuVmm {
         self
     }
 
-    /// Runs each QEMU process in a cgroup of its own below `parent` (see [`cgroups`]). Without root or the
-    /// cgroup controllers, logs why once and goes on without.
-    pub fn with_cgroups(mut self, parent: &str) -> Self {
-        match cgroups::QemuCgroups::detect(parent) {
-            Ok(c) => {
-                tracing::info!(parent = %c.parent, version = ?c.version, "QEMU VMs run in cgroups of their own");
-                self.cgroups = Some(c);
-            }
-            Err(why) => {
-                tracing::warn!(reason = %why, "QEMU VMs run without cgroups of their own");
-                self.cgroups = None;
-            }
-        }
-        self
-    }
-
-    /// Where VMs' cgroups live, when they have them.
-    pub fn cgroups(&self) -> Option<&cgroups::QemuCgroups> {
-        self.cgroups.as_ref()
-    }
-
-    /// Removes the cgroup of the VM in `run_dir` (see [`cgroups`]). With `kill`, kills what is in it first;
-    /// without, leaves it when it holds a process other than `gone` (the stopped QEMU, which may linger as a
-    /// zombie until its reaper thread runs).
-    async fn remove_cgroup(&self, run_dir: &Path, kill: bool, gone: Option<u32>) {
-        let Some(c) = &self.cgroups else { return };
-        let dirs = c.vm_dirs(run_dir);
-        if kill {
-            crate::cgroup::remove_vm(&dirs).await;
-            return;
-        }
-        for dir in dirs {
-            let pids = crate::cgroup::pids_in(&dir);
-            if pids.iter().any(|p| Some(*p) != gone) {
-                tracing::info!(cgroup = %dir.display(), ?pids, "cgroup holds a newer VM; left in place");
-                continue;
-            }
-            if let Err(e) = crate::cgroup::remove(&dir).await {
-                tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove the VM's cgroup");
-            }
-        }
-    }
-
     pub fn binary(&self) -> &Path {
         &self.binary
     }

@@ -175,6 +175,51 @@ impl QemuCgroups {
     }
 }
 
+impl super::QemuVmm {
+    /// Runs each QEMU process in a cgroup of its own below `parent` (see the module doc). Without root or the
+    /// cgroup controllers, logs why once and goes on without.
+    pub fn with_cgroups(mut self, parent: &str) -> Self {
+        match QemuCgroups::detect(parent) {
+            Ok(c) => {
+                tracing::info!(parent = %c.parent, version = ?c.version, "QEMU VMs run in cgroups of their own");
+                self.cgroups = Some(c);
+            }
+            Err(why) => {
+                tracing::warn!(reason = %why, "QEMU VMs run without cgroups of their own");
+                self.cgroups = None;
+            }
+        }
+        self
+    }
+
+    /// Where VMs' cgroups live, when they have them.
+    pub fn cgroups(&self) -> Option<&QemuCgroups> {
+        self.cgroups.as_ref()
+    }
+
+    /// Removes the cgroup of the VM in `run_dir` (see the module doc). With `kill`, kills what is in it first;
+    /// without, leaves it when it holds a process other than `gone` (the stopped QEMU, which may linger as a
+    /// zombie until its reaper thread runs).
+    pub(super) async fn remove_cgroup(&self, run_dir: &Path, kill: bool, gone: Option<u32>) {
+        let Some(c) = &self.cgroups else { return };
+        let dirs = c.vm_dirs(run_dir);
+        if kill {
+            crate::cgroup::remove_vm(&dirs).await;
+            return;
+        }
+        for dir in dirs {
+            let pids = crate::cgroup::pids_in(&dir);
+            if pids.iter().any(|p| Some(*p) != gone) {
+                tracing::info!(cgroup = %dir.display(), ?pids, "cgroup holds a newer VM; left in place");
+                continue;
+            }
+            if let Err(e) = crate::cgroup::remove(&dir).await {
+                tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove the VM's cgroup");
+            }
+        }
+    }
+}
+
 /// The cgroup name of the VM in `run_dir`: the directory's own name, reduced to `[A-Za-z0-9_-]` (anything else
 /// becomes `-`) and at most 64 characters.
 pub fn cgroup_name(run_dir: &Path) -> Option<String> {
