@@ -343,7 +343,7 @@ impl QemuVmm {
             Accel::Kvm => ("kvm".to_owned(), "host"),
             // TCG's translated-code buffer is bounded (QEMU's default is up to 1 GiB, resident once filled), so
             // that what QEMU holds beyond guest RAM is bounded too ([`cgroups::overhead_mib`]).
-            Accel::Tcg => (format!("tcg,tb-size={}", cgroups::TCG_TB_MIB), "max"),
+            Accel::Tcg => (format!("tcg,tb-size={}", cgroups::tcg_tb_mib()), "max"),
         };
         let mut args: Vec<String> = vec![
             "-M".into(),
@@ -833,7 +833,7 @@ mod tests {
         let a = args_of(&vmm, &spec(Path::new("/run/h/sbx")));
         let joined = a.join(" ");
         assert!(
-            joined.contains("-accel tcg,tb-size=256 -cpu max -smp 2 -m 256"),
+            joined.contains("-accel tcg,tb-size=512 -cpu max -smp 2 -m 256"),
             "{joined}"
         );
         assert!(joined.contains("virtserialport,chardev=agent,name=hearth.agent"));

@@ -28,9 +28,23 @@ use std::path::{Path, PathBuf};
 use crate::Accel;
 use crate::cgroup::{self, CGROUP_ROOT, CgroupVersion, Shape};
 
-/// TCG's translated-code buffer (`-accel tcg,tb-size=`, MiB). QEMU's default is 1 GiB (or an eighth of host
-/// RAM), which a busy guest fills and keeps resident; when full, QEMU flushes it and translates anew.
-pub const TCG_TB_MIB: u64 = 256;
+/// TCG's translated-code buffer (`-accel tcg,tb-size=`, MiB) unless `HEARTH_TCG_TB_MIB` says otherwise.
+/// QEMU's default is 1 GiB (or an eighth of host RAM), which a busy guest fills and keeps resident; when full,
+/// QEMU flushes it and translates anew. docs/benchmarks.md ("TCG code buffer") measures what the bound costs.
+pub const TCG_TB_MIB: u64 = 512;
+
+/// The code buffer each TCG QEMU gets: [`TCG_TB_MIB`], or `HEARTH_TCG_TB_MIB` (32..=2048) for operators who
+/// trade host memory for fewer retranslations. Read once per process; an unparsable value is ignored.
+pub fn tcg_tb_mib() -> u64 {
+    static TB: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TB.get_or_init(|| {
+        std::env::var("HEARTH_TCG_TB_MIB")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|v| (32..=2048).contains(v))
+            .unwrap_or(TCG_TB_MIB)
+    })
+}
 /// Memory QEMU needs beyond the guest's RAM and TCG's code buffer. Measured on the TCG development host (QEMU
 /// 10.0, cgroup v1; `tests/qemu_cgroup.rs` prints it): a 256 MiB guest booted to its agent that then wrote
 /// 160 MiB into a tmpfs had 247 MiB of its RAM file resident and 350 MiB charged to its cgroup: ~62 MiB of
@@ -44,7 +58,7 @@ pub const QEMU_BASE_OVERHEAD_MIB: u64 = 96;
 pub fn overhead_mib(accel: Accel) -> u64 {
     match accel {
         Accel::Kvm => QEMU_BASE_OVERHEAD_MIB,
-        Accel::Tcg => QEMU_BASE_OVERHEAD_MIB + TCG_TB_MIB,
+        Accel::Tcg => QEMU_BASE_OVERHEAD_MIB + tcg_tb_mib(),
     }
 }
 /// Tasks (threads) QEMU may have: main loop, RCU, one per vCPU, its I/O thread pool (up to 64 workers), and a
