@@ -12,6 +12,7 @@
 //! Everything here is plain data (serde), shared by the daemon, the Rust client, the CLI and (through the
 //! generated OpenAPI document) the TypeScript SDK. Requests reject unknown fields so typos fail loudly.
 
+pub mod boundary;
 pub mod bucket;
 pub mod command;
 pub mod error;
@@ -20,6 +21,7 @@ pub mod network;
 pub mod sandbox;
 pub mod system;
 
+pub use boundary::*;
 pub use bucket::*;
 pub use command::*;
 pub use error::*;

@@ -67,6 +67,9 @@ pub enum Command {
     /// Templates: save a sandbox as one, list, delete.
     #[command(subcommand)]
     Template(TemplateCommand),
+    /// Show the boundary around a sandbox as the host reports it now: its VMM process (uid, chroot, seccomp,
+    /// capabilities, namespaces, cgroup limits), the guest kernel, the enforced egress policy and its mounts.
+    Inspect { id: String },
     /// Show usage: one sandbox's since its creation, or every sandbox's within a window.
     Usage {
         /// One sandbox; all when omitted.

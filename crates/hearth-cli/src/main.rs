@@ -108,6 +108,7 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Snapshots => cmd::sandbox::snapshots(ctx).await,
         Command::SnapshotRm { ids } => cmd::sandbox::snapshot_rm(ctx, &ids).await,
         Command::Resume { id } => cmd::sandbox::resume(ctx, &id).await,
+        Command::Inspect { id } => cmd::inspect::inspect(ctx, &id).await,
         Command::Usage { id, from, to } => {
             cmd::sandbox::usage(ctx, id.as_deref(), from.as_deref(), to.as_deref()).await
         }

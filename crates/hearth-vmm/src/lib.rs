@@ -22,6 +22,7 @@ pub mod cgroup;
 pub mod detect;
 pub mod disk;
 pub mod firecracker;
+pub mod inspect;
 pub mod qemu;
 mod tap;
 

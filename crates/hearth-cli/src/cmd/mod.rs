@@ -3,6 +3,7 @@
 pub mod buckets;
 pub mod exec;
 pub mod files;
+pub mod inspect;
 pub mod mcp;
 pub mod net;
 pub mod sandbox;

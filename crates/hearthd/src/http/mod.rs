@@ -82,6 +82,10 @@ pub fn app(state: AppState) -> Router {
         .route("/sandboxes/{id}/pause", post(sandboxes::pause.layer(long)))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume.layer(long)))
         .route("/sandboxes/{id}/usage", get(sandboxes::usage.layer(quick())))
+        .route(
+            "/sandboxes/{id}/boundary",
+            get(sandboxes::boundary.layer(quick())),
+        )
         .route("/sandboxes/{id}/fork", post(sandboxes::fork.layer(long)))
         .route("/sandboxes/{id}/snapshots", post(sandboxes::snapshot.layer(long)))
         .route("/snapshots", get(sandboxes::list_snapshots.layer(quick())))

@@ -17,6 +17,7 @@
 
 pub mod admission;
 pub mod agent;
+pub mod boundary;
 pub mod buckets;
 pub mod exec;
 pub mod files;
