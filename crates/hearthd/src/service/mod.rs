@@ -128,6 +128,7 @@ impl From<ClientError> for ServiceError {
                     }
                 }
             }
+            e @ ClientError::TooManyStreams(_) => ServiceError::CapacityExceeded(e.to_string()),
             ClientError::RequestTooLarge(m) => {
                 ServiceError::InvalidArgument(format!("request too large: {m}"))
             }
