@@ -744,6 +744,17 @@ impl Vmm for FirecrackerVmm {
         true
     }
 
+    async fn continue_if_stopped(&self, vm: &VmHandle) -> Result<bool, VmmError> {
+        let api = self.api(&vm.run_dir);
+        let id = vm.run_dir.display().to_string();
+        let info = api.describe().await.map_err(|e| api_error(&id, &e))?;
+        if info.state != "Paused" {
+            return Ok(false);
+        }
+        api.resume().await.map_err(|e| api_error(&id, &e))?;
+        Ok(true)
+    }
+
     async fn sweep(&self, live: &[VmHandle]) {
         self.sweep_cgroups(live).await;
     }

@@ -344,6 +344,15 @@ pub trait Vmm: Send + Sync {
         false
     }
 
+    /// After a daemon restart, before talking to an adopted VM's guest: a checkpoint (snapshot, fork) stops
+    /// the vCPUs and the daemon that would have let them go on may have died in between, leaving the guest
+    /// frozen for good. Waits for a capture still being written, then lets the VM run again. Returns whether it
+    /// was stopped. Default: nothing can be stopped.
+    async fn continue_if_stopped(&self, vm: &VmHandle) -> Result<bool, VmmError> {
+        let _ = vm;
+        Ok(false)
+    }
+
     /// Removes what the driver keeps on the host outside run directories (VMs' cgroups)
     /// for every VM not in `live`, killing a VMM that still runs there: the daemon calls it once at start,
     /// after recovery, with the VMs it adopted. Default: nothing to remove.

@@ -688,6 +688,33 @@ impl Vmm for QemuVmm {
         Ok(())
     }
 
+    async fn continue_if_stopped(&self, vm: &VmHandle) -> Result<bool, VmmError> {
+        let mut q = self.qmp(vm).await?;
+        let status = q
+            .query_status()
+            .await
+            .map_err(|e| api_err(vm, "query-status", e.to_string()))?;
+        if status == "running" {
+            return Ok(false);
+        }
+        // A checkpoint's migration goes on inside QEMU without the daemon: let it finish (or fail) first.
+        let migrate = q
+            .execute("query-migrate", None)
+            .await
+            .map_err(|e| api_err(vm, "query-migrate", e.to_string()))?;
+        let migrating = matches!(
+            migrate.get("status").and_then(serde_json::Value::as_str),
+            Some("setup" | "active" | "pre-switchover" | "device" | "cancelling" | "wait-unplug")
+        );
+        if migrating {
+            let _ = q.wait_migration(snapshot::MIGRATION_TIMEOUT).await;
+        }
+        q.execute("cont", None)
+            .await
+            .map_err(|e| api_err(vm, "cont", format!("continuing a VM left {status}: {e}")))?;
+        Ok(true)
+    }
+
     async fn sweep(&self, live: &[VmHandle]) {
         let Some(c) = &self.cgroups else { return };
         let keep: Vec<String> = live
