@@ -638,6 +638,43 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/storage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The storage bucket, its health, pending uploads and the objects it holds. */
+        get: operations["status"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/storage/gc": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Runs one garbage-collection pass over the bucket: chunks no manifest references (and older than the grace
+         *     period) are deleted.
+         */
+        post: operations["gc"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/system": {
         parameters: {
             query?: never;
@@ -970,7 +1007,7 @@ export interface components {
          * @description Stable machine-readable error codes. Clients match on these, never on messages.
          * @enum {string}
          */
-        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "internal" | "unknown";
+        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "storage_corrupt" | "storage_unavailable" | "internal" | "unknown";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -1295,6 +1332,86 @@ export interface components {
             template: string;
             /** Format: int32 */
             vcpus: number;
+        };
+        /** @description Body of `POST /v1/storage/gc`: one garbage-collection pass over the bucket. */
+        StorageGcReport: {
+            /** Format: int64 */
+            chunk_bytes_after: number;
+            /** Format: int64 */
+            chunks: number;
+            /**
+             * Format: int64
+             * @description Chunks in the bucket after the pass and the bytes they hold.
+             */
+            chunks_after: number;
+            /** Format: int64 */
+            deleted: number;
+            /** Format: int64 */
+            deleted_bytes: number;
+            /**
+             * Format: int64
+             * @description Unreferenced chunks kept because they are younger than the grace period.
+             */
+            kept_young: number;
+            /** Format: int64 */
+            objects: number;
+            /** Format: int64 */
+            referenced: number;
+        };
+        /** @description Body of `GET /v1/storage`: the storage bucket (`hearthd --storage`), its health and what it holds. */
+        StorageStatus: {
+            /** Format: int64 */
+            bytes_downloaded: number;
+            /**
+             * Format: int64
+             * @description Bytes sent to and fetched from the bucket since the daemon started.
+             */
+            bytes_uploaded: number;
+            /** @description Chunks are encrypted client-side (`--storage-key`). */
+            encrypted: boolean;
+            /** @description The endpoint when not AWS (MinIO, R2, ...). */
+            endpoint?: string | null;
+            /** @description `ok` when the last bucket request succeeded, `unavailable` after a failed one. */
+            health: string;
+            last_error?: string | null;
+            objects: components["schemas"]["StoredObject"][];
+            /**
+             * Format: int32
+             * @description Objects deleted locally whose remote copy is still to be removed.
+             */
+            pending_deletes: number;
+            /**
+             * Format: int32
+             * @description Objects whose newest local version is not in the bucket yet.
+             */
+            pending_uploads: number;
+            /** @description `s3://BUCKET/PREFIX`. */
+            url: string;
+        };
+        /** @description One paused sandbox, snapshot or template and where it lives. */
+        StoredObject: {
+            /** Format: int32 */
+            attempts: number;
+            /** @description `pause`, `snapshot` or `template`. */
+            kind: string;
+            last_error?: string | null;
+            /** @description `local`, `remote` or `both`. */
+            location: string;
+            /** @description Its name in the bucket (`sandboxes/<id>/pause`, `snapshots/<id>`, `templates/<name>`). */
+            name: string;
+            /** @description The sandbox id, snapshot id or template name. */
+            owner: string;
+            /**
+             * Format: int64
+             * @description Bytes the last upload actually sent (chunks the bucket did not have yet).
+             */
+            sent_bytes: number;
+            /** Format: int64 */
+            size_bytes: number;
+            /** @description `pending`, `synced` or `deleting`. */
+            sync: string;
+            /** @description RFC 3339, when the bucket got this version. */
+            synced_at?: string | null;
         };
         /** @description Body of `GET /v1/system`: which VMM the daemon uses and why, and what the host can hold. */
         SystemInfo: {
@@ -3334,6 +3451,74 @@ export interface operations {
             };
             /** @description Sandboxes use it */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    status: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StorageStatus"];
+                };
+            };
+            /** @description No storage bucket is configured */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    gc: {
+        parameters: {
+            query?: {
+                /** @description Keep unreferenced chunks younger than this many seconds (default: `--storage-gc-grace-s`). */
+                grace_s?: number | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StorageGcReport"];
+                };
+            };
+            /** @description No storage bucket is configured */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `storage_unavailable` */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
