@@ -23,11 +23,16 @@ const PREFIX: &str = "hearth";
 const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.2; done";
 
 async fn start_daemon(s3: &S3Server) -> Daemon {
+    start_daemon_with(s3, &[]).await
+}
+
+async fn start_daemon_with(s3: &S3Server, extra: &[&str]) -> Daemon {
     let mut opts = Options::new()
         .bin(env!("CARGO_BIN_EXE_hearthd"))
         .network(Network::Unset)
         .args(["--vmm", &test_vmm(), "--network", "off"])
         .args(["--storage", &s3.url(PREFIX), "--storage-gc-grace-s", "0"])
+        .args(extra)
         .tempdir_prefix("hd")
         .data_in_tempdir_root()
         .stop_on_drop(Stop::Kill)
@@ -137,7 +142,7 @@ async fn sandbox_state_lives_in_the_bucket() {
     let mut s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, BUCKET))
         .await
         .expect("s3 server");
-    let d = start_daemon(&s3).await;
+    let mut d = start_daemon(&s3).await;
     let st = storage(&d).await;
     assert_eq!(st["health"], "ok", "{st}");
     let (_, system) = d.call(Method::GET, "/v1/system", None).await;
@@ -172,6 +177,21 @@ async fn sandbox_state_lives_in_the_bucket() {
         mib(first["sent_bytes"].as_u64().unwrap_or(0)),
         mib(bytes_a)
     );
+    let hearth = tokio::task::spawn_blocking(hearth_testkit::hearth_bin)
+        .await
+        .expect("hearth");
+    let out = d
+        .hearth(&hearth)
+        .args(["storage", "status"])
+        .output()
+        .expect("hearth storage status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("sandboxes/{a}/pause")) && text.contains("synced") && text.contains("both"),
+        "{text}"
+    );
+    println!("hearth storage status:\n{text}");
     std::fs::remove_dir_all(d.sandbox_dir(&a)).expect("wipe the sandbox's local files");
     let (status, v) = resume(&d, &a).await;
     assert_eq!(status, StatusCode::OK, "resume from the bucket: {v}\n{}", d.log());
@@ -229,12 +249,21 @@ async fn sandbox_state_lives_in_the_bucket() {
         "during the outage: {}",
         object(&storage(&d).await, &name).cloned().unwrap_or_default()
     );
+    // The daemon dies (kill -9) with the upload pending; the server comes back, then the daemon: the pending
+    // row in the state database is uploaded by the new process.
+    let pid_d = d.pid().expect("daemon pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid_d.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
     let s3 = tokio::task::spawn_blocking(move || {
         s3.start_again();
         s3
     })
     .await
     .expect("restart s3");
+    d.kill9_and_restart().await;
     synced(&d, &name).await;
 
     // A template saved with memory and 4 sandboxes started from it, each paused: far less than 5 copies.
@@ -251,37 +280,50 @@ async fn sandbox_state_lives_in_the_bucket() {
     assert_eq!(status, StatusCode::CREATED, "{t}\n{}", d.log());
     let snap = t["snapshot_id"].as_str().expect("template snapshot").to_owned();
     let snap_obj = synced(&d, &format!("snapshots/{snap}")).await;
-    synced(&d, "templates/warm").await;
+    let tpl_obj = synced(&d, "templates/warm").await;
+    let size = |o: &Value| o["size_bytes"].as_u64().unwrap_or(0);
+    let (_, bytes_tpl) = chunk_usage(&s3);
     let mut forks = Vec::new();
     for _ in 0..4 {
         let id = d.create(json!({"template": "warm"})).await.id;
         assert_eq!(d.sh(&id, &format!("kill -0 {pid}")).await.exit_code, 0);
-        assert_eq!(
-            d.sh(&id, &format!("echo {id} > /root/me && sync"))
-                .await
-                .exit_code,
-            0
-        );
+        let r = d.sh(&id, &format!("echo {id} > /root/me && sync")).await;
+        assert_eq!(r.exit_code, 0);
         pause(&d, &id).await;
         forks.push(id);
     }
-    let mut copies = snap_obj["size_bytes"].as_u64().unwrap_or(0);
+    let mut fork_copies = 0;
     for id in &forks {
-        copies += synced(&d, &format!("sandboxes/{id}/pause")).await["size_bytes"]
-            .as_u64()
-            .unwrap_or(0);
+        fork_copies += size(&synced(&d, &format!("sandboxes/{id}/pause")).await);
     }
     let (_, bytes_after) = chunk_usage(&s3);
-    let grown = bytes_after - bytes_before;
+    // The template: its memory snapshot and its flattened disk (a raw image, new bytes); then 4 forks.
+    let tpl_full = size(&snap_obj) + size(&tpl_obj);
+    let (tpl_grown, fork_grown) = (bytes_tpl - bytes_before, bytes_after - bytes_tpl);
+    let pct = |a: u64, b: u64| 100.0 * a as f64 / b.max(1) as f64;
     println!(
-        "template + 4 forks: bucket grew {:.1} MiB; 5 full copies would be {:.1} MiB ({:.1}%)",
-        mib(grown),
-        mib(copies),
-        100.0 * grown as f64 / copies.max(1) as f64
+        "template (snapshot {:.1} MiB + disk {:.1} MiB): bucket grew {:.1} MiB ({:.1}%); 4 forks paused \
+         ({:.1} MiB of state): grew {:.1} MiB ({:.1}%); template + 4 forks: {:.1} of {:.1} MiB ({:.1}%)",
+        mib(size(&snap_obj)),
+        mib(size(&tpl_obj)),
+        mib(tpl_grown),
+        pct(tpl_grown, tpl_full),
+        mib(fork_copies),
+        mib(fork_grown),
+        pct(fork_grown, fork_copies),
+        mib(tpl_grown + fork_grown),
+        mib(tpl_full + fork_copies),
+        pct(tpl_grown + fork_grown, tpl_full + fork_copies),
     );
     assert!(
-        grown * 2 < copies,
-        "shared chunks are stored once: {grown} vs {copies}"
+        fork_grown * 2 < fork_copies,
+        "forks store what they share with the template once: {fork_grown} vs {fork_copies}"
+    );
+    assert!(
+        (tpl_grown + fork_grown) * 2 < tpl_full + fork_copies,
+        "template + 4 forks: {} vs {}",
+        tpl_grown + fork_grown,
+        tpl_full + fork_copies
     );
 
     // A flipped byte in a chunk only fork 0 uses: its resume fails naming the object, fork 1 still resumes.
@@ -416,4 +458,52 @@ fn bad_storage_settings_stop_the_start() {
     let e = refused(&["--storage", &s3.url(PREFIX)], &unreachable);
     assert!(e.contains("unreachable"), "{e}");
     println!("refused (unreachable endpoint): {e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encrypted_storage_holds_no_plaintext_and_refuses_a_wrong_key() {
+    let _serial = VM_LOCK.lock().await;
+    let s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, BUCKET))
+        .await
+        .expect("s3 server");
+    let keys = tempfile::tempdir().expect("tempdir");
+    let (key, wrong) = (keys.path().join("key"), keys.path().join("wrong"));
+    std::fs::write(&key, format!("{}\n", "ab".repeat(32))).expect("key");
+    std::fs::write(&wrong, format!("{}\n", "cd".repeat(32))).expect("key");
+    let key_arg = key.to_string_lossy().into_owned();
+    let d = start_daemon_with(&s3, &["--storage-key", &key_arg]).await;
+    assert_eq!(storage(&d).await["encrypted"], true);
+    let id = d
+        .create(json!({"template": "minimal", "memory_mib": 128}))
+        .await
+        .id;
+    // A known text, in the guest's page cache (memory) and on its disk.
+    let marker = "HEARTH-KNOWN-PLAINTEXT-0123456789";
+    let line = format!("yes {marker} | head -c 1048576 > /root/known && sync && cat /root/known > /dev/null");
+    let r = d.sh(&id, &line).await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    pause(&d, &id).await;
+    synced(&d, &format!("sandboxes/{id}/pause")).await;
+    let files = hearth_testkit::s3::files_under(&bucket_root(&s3));
+    assert!(files.len() > 10, "{files:?}");
+    for f in &files {
+        let bytes = std::fs::read(f).expect("read");
+        assert!(
+            !bytes.windows(marker.len()).any(|w| w == marker.as_bytes()),
+            "plaintext in {}",
+            f.display()
+        );
+    }
+    // Fetched and decrypted: the file is back.
+    std::fs::remove_dir_all(d.sandbox_dir(&id)).expect("wipe");
+    let (status, v) = resume(&d, &id).await;
+    assert_eq!(status, StatusCode::OK, "{v}\n{}", d.log());
+    let r = d.sh(&id, &format!("grep -c {marker} /root/known")).await;
+    assert_eq!(r.stdout.trim(), "30840", "{r:?}");
+    // Another key is refused at start.
+    let wrong_arg = wrong.to_string_lossy().into_owned();
+    let url = s3.url(PREFIX);
+    let e = refused(&["--storage", &url, "--storage-key", &wrong_arg], &s3.env());
+    assert!(e.contains("wrong encryption key"), "{e}");
+    d.destroy(&id).await;
 }
