@@ -357,6 +357,14 @@ impl Sandboxes {
         };
         let name = Kind::Pause.object(id);
         st.cancel(&name).await;
+        // The disk's base (a snapshot's disk copy, a saved template's image) may be gone too.
+        let row = self.row(id)?;
+        let bases = hearth_api::CreateSandboxRequest {
+            template: Some(row.template.clone()),
+            snapshot: row.snapshot_id.clone(),
+            ..Default::default()
+        };
+        self.storage_fetch_for_create(&bases).await?;
         let sandbox_dir = self.settings.paths.sandbox_dir(id);
         let dest = sandbox_dir.join(paused_dir);
         if dest.exists() {
@@ -374,8 +382,7 @@ impl Sandboxes {
                 ),
             ));
         }
-        let disk = self
-            .row(id)?
+        let disk = row
             .disk
             .ok_or_else(|| ServiceError::Internal(format!("sandbox {id} has no disk recorded")))?;
         std::fs::DirBuilder::new()
