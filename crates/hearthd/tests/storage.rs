@@ -380,6 +380,23 @@ async fn sandbox_state_lives_in_the_bucket() {
         "remote objects removed: {:#}",
         storage(&d).await
     );
+    let metrics = d
+        .http
+        .get(d.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(
+        metrics.contains("hearth_storage_bytes_uploaded_total"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("hearth_storage_bytes_downloaded_total"),
+        "{metrics}"
+    );
     let (status, gc) = d.call(Method::POST, "/v1/storage/gc?grace_s=0", None).await;
     assert_eq!(status, StatusCode::OK, "{gc}");
     println!("gc: {gc}");

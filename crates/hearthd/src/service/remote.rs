@@ -470,6 +470,7 @@ impl Sandboxes {
             Ok(stats) => {
                 st.healthy();
                 st.bytes_down.fetch_add(stats.downloaded_bytes, Ordering::Relaxed);
+                metrics::counter!("hearth_storage_bytes_downloaded_total").increment(stats.downloaded_bytes);
                 tracing::info!(object = %name, bytes = stats.total_bytes, downloaded = stats.downloaded_bytes,
                     secs = started.elapsed().as_secs_f64(), "fetched from the storage bucket");
                 Ok(())
@@ -521,6 +522,8 @@ impl Sandboxes {
             progress: None,
         };
         let stats = st.store.put_object(&row.name, &files, opts).await?;
+        metrics::counter!("hearth_storage_chunks_uploaded_total").increment(stats.chunks_uploaded);
+        metrics::counter!("hearth_storage_chunk_hits_total").increment(stats.chunk_hits);
         tracing::info!(object = %row.name, total = stats.total_bytes, uploaded = stats.uploaded_bytes,
             chunks_uploaded = stats.chunks_uploaded, chunk_hits = stats.chunk_hits, "uploaded to the storage bucket");
         Ok(Outcome::Done {
@@ -542,6 +545,7 @@ impl Sandboxes {
             (Ok(Outcome::Done { sent }), _) => {
                 st.healthy();
                 st.bytes_up.fetch_add(sent, Ordering::Relaxed);
+                metrics::counter!("hearth_storage_bytes_uploaded_total").increment(sent);
                 self.db
                     .remote_synced(&row.name, row.version, sent, now)
                     .map(|_| ())
@@ -550,6 +554,7 @@ impl Sandboxes {
             (Ok(Outcome::Gone), _) => self.db.remote_deleting(&row.name, &row.kind, &row.owner, now),
             (Err(e), _) => {
                 st.unhealthy(&e);
+                metrics::counter!("hearth_storage_errors_total").increment(1);
                 let wait = MAX_BACKOFF.min(Duration::from_millis(500) * 2u32.pow(row.attempts.min(6)));
                 tracing::warn!(object = %row.name, error = %e, retry_in_s = wait.as_secs_f64(),
                     "storage bucket: will try again");
@@ -565,6 +570,8 @@ impl Sandboxes {
     /// Starts the rows that are due, up to [`UPLOADS`] at a time.
     fn storage_start_due(&self, st: &Arc<Storage>) -> Result<(), ServiceError> {
         let rows = self.db.remote_list()?;
+        let waiting = rows.iter().filter(|r| r.state != RemoteState::Synced).count();
+        metrics::gauge!("hearth_storage_pending_objects").set(waiting as f64);
         let now = Instant::now();
         for row in rows {
             if row.state == RemoteState::Synced || st.is_running(&row.name) {
