@@ -19,6 +19,7 @@ pub mod error;
 pub mod file;
 pub mod network;
 pub mod sandbox;
+pub mod storage;
 pub mod system;
 
 pub use boundary::*;
@@ -28,6 +29,7 @@ pub use error::*;
 pub use file::*;
 pub use network::*;
 pub use sandbox::*;
+pub use storage::*;
 pub use system::*;
 
 /// Validates a sandbox id: `sbx_` followed by 16 lowercase hex digits. Ids are used to build host paths, so

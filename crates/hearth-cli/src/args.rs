@@ -151,6 +151,22 @@ pub enum Command {
     Unmount { id: String, path: String },
     /// List the buckets mounted in a sandbox, with the bytes moved through each.
     Mounts { id: String },
+    /// The daemon's storage bucket (`hearthd --storage`): status (health, pending uploads, where each paused
+    /// sandbox, snapshot and template lives) and garbage collection.
+    #[command(subcommand)]
+    Storage(StorageCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StorageCommand {
+    /// Bucket, health, pending uploads and deletes, and each stored object's sync state and location.
+    Status,
+    /// Run one garbage-collection pass now (chunks no manifest references are deleted).
+    Gc {
+        /// Keep unreferenced chunks younger than this many seconds (default: the daemon's setting).
+        #[arg(long)]
+        grace_s: Option<u64>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

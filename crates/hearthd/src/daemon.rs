@@ -278,6 +278,17 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         allow_private_endpoints: args.allow_private_bucket_endpoints,
     })
     .context("bucket secret key")?;
+    // The storage bucket: probed before anything else runs, and a bad one stops the start with the reason.
+    if let Some(url) = &args.storage {
+        let storage = crate::service::remote::open(crate::service::remote::StorageSettings {
+            url: url.clone(),
+            key_file: args.storage_key.clone(),
+            gc_interval: Duration::from_secs(args.storage_gc_interval_s),
+            gc_grace: Duration::from_secs(args.storage_gc_grace_s),
+        })
+        .await?;
+        svc.enable_storage(storage);
+    }
     // Installed before recovery so that what recovery does is counted.
     let metrics = metrics::install();
     adopt::recover(&svc).await.context("recovering sandboxes")?;
@@ -285,6 +296,8 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     svc.restore_networking().await;
     tokio::spawn(reaper::reaper(svc.clone()));
     tokio::spawn(reaper::watcher(svc.clone()));
+    tokio::spawn(crate::service::remote::worker(svc.clone()));
+    tokio::spawn(crate::service::remote::gc_loop(svc.clone()));
 
     let listener = TcpListener::bind(args.listen)
         .await

@@ -6,6 +6,7 @@
 
 pub mod mounts;
 pub mod network;
+pub mod remote;
 pub mod snapshots;
 pub mod usage;
 
@@ -130,6 +131,8 @@ const MIGRATIONS: &[&str] = &[
         bytes_read    INTEGER NOT NULL,
         bytes_written INTEGER NOT NULL
     );",
+    // 7: where paused states, snapshots and templates are in the storage bucket (`--storage`).
+    remote::MIGRATION,
 ];
 
 #[derive(Debug, thiserror::Error)]

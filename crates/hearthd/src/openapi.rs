@@ -6,7 +6,9 @@ use utoipa::Modify;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::http::{buckets, commands, files, network, ports, pty, sandboxes, system, templates, watch};
+use crate::http::{
+    buckets, commands, files, network, ports, pty, sandboxes, storage, system, templates, watch,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -25,6 +27,7 @@ use crate::http::{buckets, commands, files, network, ports, pty, sandboxes, syst
         system::healthz, system::system, system::metrics, system::openapi,
         buckets::create, buckets::list, buckets::get, buckets::delete, buckets::mounts, buckets::attach,
         buckets::detach,
+        storage::status, storage::gc,
     ),
     components(schemas(hearth_api::ErrorCode, hearth_api::ErrorDetail, hearth_api::SandboxState,
         hearth_api::FileKind, hearth_api::Check, hearth_api::Capacity, hearth_api::ProcessInfo)),

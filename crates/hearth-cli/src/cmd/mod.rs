@@ -8,4 +8,5 @@ pub mod mcp;
 pub mod net;
 pub mod sandbox;
 pub mod shell;
+pub mod storage;
 pub mod system;

@@ -18,6 +18,7 @@ pub mod pty;
 pub mod sandboxes;
 pub mod serve;
 pub mod sse;
+pub mod storage;
 pub mod system;
 pub mod templates;
 pub mod watch;
@@ -131,6 +132,8 @@ pub fn app(state: AppState) -> Router {
         // Lasts as long as the client listens.
         .route("/sandboxes/{id}/files/watch", get(watch::watch))
         .route("/system", get(system::system.layer(quick())))
+        .route("/storage", get(storage::status.layer(quick())))
+        .route("/storage/gc", post(storage::gc.layer(long)))
         .route(
             "/buckets",
             post(buckets::create.layer(quick())).get(buckets::list.layer(quick())),

@@ -119,6 +119,7 @@ impl Sandboxes {
         // Its restores (forks) mount the same buckets again, with the same export keys.
         self.db.snapshot_mounts(id, &snap_id)?;
         super::integrity::hash_in_background(parent.join(&snap_id), manifest.fingerprinted());
+        self.storage_committed(super::remote::Kind::Snapshot, &snap_id, created, snap.size_bytes);
         tracing::info!(sandbox = %id, snapshot = %snap_id, bytes = snap.size_bytes, "checkpoint taken");
         Ok(to_api(&snap))
     }
@@ -210,6 +211,7 @@ impl Sandboxes {
         {
             tracing::warn!(snapshot = %id, error = %e, "removing the snapshot directory failed");
         }
+        self.storage_deleted(super::remote::Kind::Snapshot, id);
         Ok(())
     }
 }

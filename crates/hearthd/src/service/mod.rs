@@ -11,6 +11,7 @@
 //! - [`network`]: sandbox networks (namespaces, egress policy, resolver, proxy), private networks, audit log.
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
+//! - [`remote`]: the storage bucket (`--storage`): background uploads, fetches of missing local copies, GC.
 //! - [`templates`]: templates saved from sandboxes (flattened disk, optional memory), listing, deletion.
 //! - [`usage`]: usage reports from the recorded intervals.
 //! - [`watch`]: directory watches in the guest.
@@ -28,6 +29,7 @@ pub mod mounts;
 pub mod network;
 pub mod pause;
 pub mod pty;
+pub mod remote;
 pub mod snapshot;
 pub mod templates;
 pub mod usage;
@@ -188,6 +190,8 @@ pub struct Sandboxes {
     pub(crate) buckets: std::sync::OnceLock<buckets::BucketKeys>,
     /// The mount servers of sandboxes with mounted buckets.
     pub(crate) mounts: mounts::MountRuntime,
+    /// The storage bucket, when `--storage` is given ([`Sandboxes::enable_storage`]).
+    pub(crate) storage: std::sync::OnceLock<Arc<remote::Storage>>,
     /// This service itself, for operations that run in their own task.
     me: Weak<Sandboxes>,
 }
@@ -206,6 +210,7 @@ impl Sandboxes {
             admission: Mutex::new(admission::Pending::default()),
             buckets: std::sync::OnceLock::new(),
             mounts: mounts::MountRuntime::default(),
+            storage: std::sync::OnceLock::new(),
             me: me.clone(),
         })
     }
