@@ -192,6 +192,11 @@ async fn sandbox_state_lives_in_the_bucket() {
         "{text}"
     );
     println!("hearth storage status:\n{text}");
+    let manifest_path = bucket_root(&s3)
+        .join("manifests")
+        .join(format!("sandboxes/{a}/pause"))
+        .join("MANIFEST");
+    let first_manifest = std::fs::read(&manifest_path).expect("the first pause's manifest");
     std::fs::remove_dir_all(d.sandbox_dir(&a)).expect("wipe the sandbox's local files");
     let (status, v) = resume(&d, &a).await;
     assert_eq!(status, StatusCode::OK, "resume from the bucket: {v}\n{}", d.log());
@@ -228,6 +233,27 @@ async fn sandbox_state_lives_in_the_bucket() {
         100.0 * sent as f64 / size.max(1) as f64
     );
     assert!(sent * 4 < size, "a re-pause sends a small part: {sent} of {size}");
+
+    // Whoever can write the bucket cannot roll the sandbox back: the first pause's genuine manifest (its chunks
+    // all still there) put back in place of the second is refused, because this host recorded which version
+    // it committed. The right one is accepted again.
+    let second_manifest = std::fs::read(&manifest_path).expect("the second pause's manifest");
+    assert_ne!(first_manifest, second_manifest);
+    std::fs::write(&manifest_path, &first_manifest).expect("roll the bucket back");
+    std::fs::remove_dir_all(d.sandbox_dir(&a)).expect("wipe");
+    let (status, v) = resume(&d, &a).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["code"], "storage_corrupt", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not the version"),
+        "{v}"
+    );
+    let (_, row) = d.get(&a).await;
+    assert_eq!(row["state"], "paused", "{row}");
+    std::fs::write(&manifest_path, &second_manifest).expect("put the committed version back");
 
     // Outage: the pause commits locally and stays pending; the upload completes when the server is back.
     let (status, v) = resume(&d, &a).await;

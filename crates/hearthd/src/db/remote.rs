@@ -19,7 +19,8 @@ pub const MIGRATION: &str = "CREATE TABLE remote_objects (
         synced_at   INTEGER,                   -- ms, when the bucket got this version
         attempts    INTEGER NOT NULL,
         last_error  TEXT,
-        updated_at  INTEGER NOT NULL
+        updated_at  INTEGER NOT NULL,
+        manifest_digest TEXT                   -- sha256 of the synced version's manifest: fetches accept only it
     );";
 
 /// What a remote row says.
@@ -64,10 +65,12 @@ pub struct RemoteRow {
     pub synced_at_ms: Option<i64>,
     pub attempts: u32,
     pub last_error: Option<String>,
+    /// The synced version's manifest digest: the bucket's copy is accepted back only if it matches.
+    pub manifest_digest: Option<String>,
 }
 
 const SELECT: &str = "SELECT name, kind, owner, state, version, size_bytes, sent_bytes, synced_at, attempts, \
-                      last_error FROM remote_objects";
+                      last_error, manifest_digest FROM remote_objects";
 
 fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RemoteRow> {
     let state: String = r.get(3)?;
@@ -84,6 +87,7 @@ fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RemoteRow> {
         synced_at_ms: r.get(7)?,
         attempts: r.get(8)?,
         last_error: r.get(9)?,
+        manifest_digest: r.get(10)?,
     })
 }
 
@@ -114,11 +118,18 @@ impl Db {
     }
 
     /// Marks `name` synced, if the row still asks for `version` (a newer pause may have replaced it).
-    pub fn remote_synced(&self, name: &str, version: i64, sent: u64, now: i64) -> Result<bool, DbError> {
+    pub fn remote_synced(
+        &self,
+        name: &str,
+        version: i64,
+        sent: u64,
+        digest: &str,
+        now: i64,
+    ) -> Result<bool, DbError> {
         let n = self.lock().execute(
             "UPDATE remote_objects SET state = 'synced', sent_bytes = ?3, synced_at = ?4, last_error = NULL,
-                updated_at = ?4 WHERE name = ?1 AND version = ?2 AND state = 'pending'",
-            params![name, version, i64_of(sent), now],
+                updated_at = ?4, manifest_digest = ?5 WHERE name = ?1 AND version = ?2 AND state = 'pending'",
+            params![name, version, i64_of(sent), now, digest],
         )?;
         Ok(n > 0)
     }
@@ -177,18 +188,23 @@ mod tests {
         db.remote_pending("sandboxes/a/pause", "pause", "a", 10, 100, 1)?;
         // A newer version replaced it while the older one uploaded: the older upload does not mark it synced.
         db.remote_pending("sandboxes/a/pause", "pause", "a", 11, 120, 2)?;
-        assert!(!db.remote_synced("sandboxes/a/pause", 10, 5, 3)?);
+        assert!(!db.remote_synced("sandboxes/a/pause", 10, 5, "d10", 3)?);
         db.remote_failed("sandboxes/a/pause", "endpoint unreachable", 3)?;
         let row = db.remote_get("sandboxes/a/pause")?.expect("row");
         assert_eq!(
             (row.state, row.attempts, row.version),
             (RemoteState::Pending, 1, 11)
         );
-        assert!(db.remote_synced("sandboxes/a/pause", 11, 7, 4)?);
+        assert!(db.remote_synced("sandboxes/a/pause", 11, 7, "d11", 4)?);
         let row = db.remote_get("sandboxes/a/pause")?.expect("row");
         assert_eq!(
-            (row.state, row.sent_bytes, row.synced_at_ms),
-            (RemoteState::Synced, 7, Some(4))
+            (
+                row.state,
+                row.sent_bytes,
+                row.synced_at_ms,
+                row.manifest_digest.as_deref()
+            ),
+            (RemoteState::Synced, 7, Some(4), Some("d11"))
         );
         db.remote_deleting("sandboxes/a/pause", "pause", "a", 5)?;
         assert!(!db.remote_forget("sandboxes/a/pause", RemoteState::Synced)?);

@@ -294,7 +294,7 @@ async fn complete_hashes(dir: PathBuf) -> std::io::Result<()> {
 /// What one attempt at a row came to.
 enum Outcome {
     /// The bucket holds the version (upload) or no longer holds the object (delete).
-    Done { sent: u64 },
+    Done { sent: u64, digest: String },
     /// The local copy is gone or replaced (resumed, destroyed): nothing to upload, and an older remote
     /// version is stale.
     Gone,
@@ -466,7 +466,16 @@ impl Sandboxes {
 
     async fn fetch_into(&self, st: &Storage, name: &str, dest: &Path) -> Result<(), ServiceError> {
         let started = Instant::now();
-        match st.store.get_object(name, dest, None).await {
+        // Only the version this host (or another sharing its state database) committed comes back: the bucket
+        // may be writable by others, and these files are handed to a VMM (a qcow2 header names files to open).
+        let pinned = self.db.remote_get(name)?.and_then(|r| r.manifest_digest);
+        let Some(pinned) = pinned else {
+            return Err(ServiceError::Typed(
+                ErrorCode::StorageUnavailable,
+                format!("{name} has no committed version recorded on this host; it is not fetched"),
+            ));
+        };
+        match st.store.get_object_pinned(name, dest, None, Some(&pinned)).await {
             Ok(stats) => {
                 st.healthy();
                 st.bytes_down.fetch_add(stats.downloaded_bytes, Ordering::Relaxed);
@@ -487,7 +496,10 @@ impl Sandboxes {
     async fn storage_attempt(&self, st: &Storage, row: &RemoteRow) -> Result<Outcome, StoreError> {
         if row.state == RemoteState::Deleting {
             st.store.delete_object(&row.name).await?;
-            return Ok(Outcome::Done { sent: 0 });
+            return Ok(Outcome::Done {
+                sent: 0,
+                digest: String::new(),
+            });
         }
         let Some(kind) = Kind::parse(&row.kind) else {
             return Ok(Outcome::Gone);
@@ -528,6 +540,7 @@ impl Sandboxes {
             chunks_uploaded = stats.chunks_uploaded, chunk_hits = stats.chunk_hits, "uploaded to the storage bucket");
         Ok(Outcome::Done {
             sent: stats.uploaded_bytes,
+            digest: stats.manifest_digest,
         })
     }
 
@@ -542,12 +555,12 @@ impl Sandboxes {
                     .remote_forget(&row.name, RemoteState::Deleting)
                     .map(|_| ())
             }
-            (Ok(Outcome::Done { sent }), _) => {
+            (Ok(Outcome::Done { sent, digest }), _) => {
                 st.healthy();
                 st.bytes_up.fetch_add(sent, Ordering::Relaxed);
                 metrics::counter!("hearth_storage_bytes_uploaded_total").increment(sent);
                 self.db
-                    .remote_synced(&row.name, row.version, sent, now)
+                    .remote_synced(&row.name, row.version, sent, &digest, now)
                     .map(|_| ())
             }
             // The local copy was consumed (resumed) or removed: an older remote version is stale, remove it too.
