@@ -70,6 +70,10 @@ pub struct Args {
     /// sandbox is marked failed. Default 30 under TCG, 10 under KVM.
     #[arg(long, env = "HEARTH_AGENT_UNRESPONSIVE_S")]
     pub agent_unresponsive_s: Option<u64>,
+    /// Snapshots (checkpoints and fork bases) one sandbox may have at once: each holds a copy of its memory and
+    /// disk, so this bounds the host disk one sandbox's snapshots can take.
+    #[arg(long, env = "HEARTH_MAX_SNAPSHOTS_PER_SANDBOX", default_value_t = 64)]
+    pub max_snapshots_per_sandbox: usize,
     /// Sandbox networking: `auto` turns it on when the daemon can (root, /dev/net/tun, the `nft` tool), `on`
     /// requires it, `off` gives sandboxes no network device.
     #[arg(long, env = "HEARTH_NETWORK", value_enum, default_value_t = NetworkChoice::Auto)]

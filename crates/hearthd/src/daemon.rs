@@ -267,6 +267,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         default_template: args.default_template.clone(),
         ready_timeout,
         agent_unresponsive: config::agent_unresponsive(args.agent_unresponsive_s, vmm.accel()),
+        max_snapshots_per_sandbox: args.max_snapshots_per_sandbox.max(1),
     };
     let mut info = info;
     let networking = build_networking(&args, &mut info.checks)?;

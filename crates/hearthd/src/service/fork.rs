@@ -75,6 +75,19 @@ impl Sandboxes {
                 .await?;
             super::pause::guest_sync(&client).await?;
         }
+        let max = self.settings.max_snapshots_per_sandbox;
+        let held = self
+            .db
+            .list_snapshots()?
+            .iter()
+            .filter(|s| s.sandbox_id == id)
+            .count();
+        if held >= max {
+            return Err(ServiceError::CapacityExceeded(format!(
+                "sandbox {id} has {held} snapshots, the most one sandbox may hold (each is a copy of its memory \
+                 and disk); delete some (DELETE /v1/snapshots/{{id}}) or raise --max-snapshots-per-sandbox"
+            )));
+        }
         let parent = self.settings.paths.snapshots_dir();
         std::fs::create_dir_all(&parent)
             .map_err(|e| ServiceError::Internal(format!("creating {}: {e}", parent.display())))?;

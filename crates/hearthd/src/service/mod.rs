@@ -169,6 +169,8 @@ pub struct Settings {
     pub ready_timeout: Duration,
     /// How long a running sandbox's agent may fail the health watcher's pings before it is marked failed.
     pub agent_unresponsive: Duration,
+    /// Snapshots one sandbox may have at once (`--max-snapshots-per-sandbox`).
+    pub max_snapshots_per_sandbox: usize,
 }
 
 /// The sandboxes of this daemon: the state database, the VMM driver and the live agent connections.
