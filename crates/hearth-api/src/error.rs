@@ -50,6 +50,11 @@ pub enum ErrorCode {
     QuotaExceeded,
     /// This key sends requests faster than the daemon allows; retry after `Retry-After` seconds.
     RateLimited,
+    /// A paused state, snapshot or template fetched from the storage bucket failed verification (a missing or
+    /// corrupted chunk, a damaged manifest); the message names the object.
+    StorageCorrupt,
+    /// The storage bucket is needed (the local copy is gone) but cannot be reached or has no copy yet.
+    StorageUnavailable,
     /// Something unexpected went wrong in the daemon.
     Internal,
     /// Any code this client version does not know yet.
@@ -64,6 +69,8 @@ impl ErrorCode {
             ErrorCode::InvalidJson | ErrorCode::InvalidArgument | ErrorCode::NetworkRequired => 400,
             ErrorCode::BucketNotFound | ErrorCode::BucketAccessDenied | ErrorCode::BucketUnreachable => 422,
             ErrorCode::AgentTooOld => 409,
+            ErrorCode::StorageCorrupt => 422,
+            ErrorCode::StorageUnavailable => 503,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden => 403,
             ErrorCode::QuotaExceeded | ErrorCode::RateLimited => 429,
@@ -101,6 +108,8 @@ impl ErrorCode {
             ErrorCode::BucketUnreachable => "bucket_unreachable",
             ErrorCode::NetworkRequired => "network_required",
             ErrorCode::AgentTooOld => "agent_too_old",
+            ErrorCode::StorageCorrupt => "storage_corrupt",
+            ErrorCode::StorageUnavailable => "storage_unavailable",
             ErrorCode::Internal => "internal",
             ErrorCode::Unknown => "unknown",
         }

@@ -13,21 +13,25 @@
 //! Everything here is plain data (serde), shared by the daemon, the Rust client, the CLI and (through the
 //! generated OpenAPI document) the TypeScript SDK. Requests reject unknown fields so typos fail loudly.
 
+pub mod boundary;
 pub mod bucket;
 pub mod command;
 pub mod error;
 pub mod file;
 pub mod network;
 pub mod sandbox;
+pub mod storage;
 pub mod system;
 pub mod tenancy;
 
+pub use boundary::*;
 pub use bucket::*;
 pub use command::*;
 pub use error::*;
 pub use file::*;
 pub use network::*;
 pub use sandbox::*;
+pub use storage::*;
 pub use system::*;
 pub use tenancy::*;
 

@@ -5,10 +5,12 @@
 //! - [`stats`]: percentiles and table rendering.
 //! - [`fakenet`]: the private daemon's fake internet (namespaces the bench makes), [`net`]: the network rows.
 //! - [`mounts`]: the bucket-mount rows (`--only-mounts`): a local S3 server, a mount vs a plain S3 client.
+//! - [`abuse`]: `--only-abuse`, a neighbour's latency while another sandbox spins, hogs, fork-bombs, fills.
 //! - [`kvm`]: `--kvm-host`, Firecracker against QEMU with KVM inside a KVM test host (nested; ratios only).
 //! - `main`: the scenarios, each measured in the same run so that ratios compare like with like on a noisy
 //!   machine.
 
+mod abuse;
 mod boot;
 mod daemon;
 mod fakenet;
@@ -118,6 +120,13 @@ struct Args {
     /// template with memory. Uses --creates, --pause-cycles, --template-creates and --memory-mib.
     #[arg(long, conflicts_with_all = ["only_net", "external", "only_boot", "only_mounts"])]
     kvm_host: bool,
+    /// Only the abuse rows: a neighbour's `true` latency (p50, p99) with nothing beside it and during a CPU
+    /// spinner, memory hog, fork bomb and disk fill in another sandbox (template `--template`, `--memory-mib`).
+    #[arg(long, conflicts_with_all = ["only_net", "only_boot", "only_mounts", "kvm_host"])]
+    only_abuse: bool,
+    /// Samples per abuse row.
+    #[arg(long, default_value_t = 40)]
+    abuse_samples: usize,
 }
 
 fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
@@ -173,6 +182,9 @@ async fn main() -> Result<()> {
     }
     if args.only_mounts {
         return only_mounts(&args).await;
+    }
+    if args.only_abuse {
+        return only_abuse(&args).await;
     }
     // A private daemon's sandboxes reach only the bench's fake internet, or no network at all.
     let network_off = std::env::var("HEARTH_NETWORK").is_ok_and(|v| v == "off");
@@ -271,6 +283,31 @@ async fn main() -> Result<()> {
         },
         args.memory_mib,
         system.capacity.host_cpus
+    );
+    println!("{}", stats::render(&rows));
+    Ok(())
+}
+
+/// `--only-abuse`: a private daemon without networking (or `--external`).
+async fn only_abuse(args: &Args) -> Result<()> {
+    let daemon = if args.external {
+        daemon::Daemon::external()?
+    } else {
+        daemon::Daemon::spawn(args.hearthd.clone(), &["--network".into(), "off".into()]).await?
+    };
+    let system = daemon.client.system().await.context("GET /v1/system")?;
+    let rows = abuse::rows(
+        &daemon.client,
+        &args.template,
+        args.memory_mib,
+        args.abuse_samples,
+    )
+    .await;
+    drop(daemon);
+    let rows = rows?;
+    println!(
+        "hearth-bench: vmm={} accel={} template={} memory={} MiB host_cpus={} (abuse rows only; columns: p50 | p99)\n",
+        system.vmm, system.accel, args.template, args.memory_mib, system.capacity.host_cpus
     );
     println!("{}", stats::render(&rows));
     Ok(())

@@ -42,7 +42,7 @@ pub struct Row {
     p95: String,
 }
 
-fn fmt_d(d: Duration) -> String {
+pub fn fmt_d(d: Duration) -> String {
     if d < Duration::from_millis(10) {
         format!("{:.2} ms", d.as_secs_f64() * 1e3)
     } else if d < Duration::from_secs(1) {

@@ -67,6 +67,9 @@ pub enum Command {
     /// Templates: save a sandbox as one, list, delete.
     #[command(subcommand)]
     Template(TemplateCommand),
+    /// Show the boundary around a sandbox as the host reports it now: its VMM process (uid, chroot, seccomp,
+    /// capabilities, namespaces, cgroup limits), the guest kernel, the enforced egress policy and its mounts.
+    Inspect { id: String },
     /// Show usage: one sandbox's since its creation, or every sandbox's within a window.
     Usage {
         /// One sandbox; all when omitted.
@@ -157,6 +160,22 @@ pub enum Command {
     /// The audit log (admin): verify its hash chain.
     #[command(subcommand)]
     Audit(crate::cmd::tenancy::AuditCommand),
+    /// The daemon's storage bucket (`hearthd --storage`): status (health, pending uploads, where each paused
+    /// sandbox, snapshot and template lives) and garbage collection.
+    #[command(subcommand)]
+    Storage(StorageCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StorageCommand {
+    /// Bucket, health, pending uploads and deletes, and each stored object's sync state and location.
+    Status,
+    /// Run one garbage-collection pass now (chunks no manifest references are deleted).
+    Gc {
+        /// Keep unreferenced chunks younger than this many seconds (default: the daemon's setting).
+        #[arg(long)]
+        grace_s: Option<u64>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

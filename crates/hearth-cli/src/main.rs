@@ -108,6 +108,7 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Snapshots => cmd::sandbox::snapshots(ctx).await,
         Command::SnapshotRm { ids } => cmd::sandbox::snapshot_rm(ctx, &ids).await,
         Command::Resume { id } => cmd::sandbox::resume(ctx, &id).await,
+        Command::Inspect { id } => cmd::inspect::inspect(ctx, &id).await,
         Command::Usage { id, from, to } => {
             cmd::sandbox::usage(ctx, id.as_deref(), from.as_deref(), to.as_deref()).await
         }
@@ -123,6 +124,7 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Mcp => cmd::mcp::serve(ctx).await,
         Command::Net(n) => cmd::net::net(ctx, n).await,
         Command::Bucket(b) => cmd::buckets::bucket(ctx, b).await,
+        Command::Storage(s) => cmd::storage::storage(ctx, s).await,
         Command::Mount { id, mount } => cmd::buckets::mount(ctx, &id, &mount).await,
         Command::Unmount { id, path } => cmd::buckets::unmount(ctx, &id, &path).await,
         Command::Mounts { id } => cmd::buckets::mounts(ctx, &id).await,

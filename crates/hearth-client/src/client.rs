@@ -5,9 +5,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use hearth_api::{
-    CreateSandboxRequest, CreateTemplateRequest, ForkRequest, ForkResponse, Sandbox, SandboxList,
-    SandboxState, SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject, SystemInfo, Template,
-    TemplateList, UsageReport,
+    CreateSandboxRequest, CreateTemplateRequest, ForkRequest, ForkResponse, Sandbox, SandboxBoundary,
+    SandboxList, SandboxState, SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject, SystemInfo,
+    Template, TemplateList, UsageReport,
 };
 use reqwest::{Method, RequestBuilder, Response, Url};
 use serde::Serialize;
@@ -348,6 +348,12 @@ impl Client {
     /// `GET /v1/sandboxes/{id}/usage`: usage of one sandbox since its creation.
     pub async fn sandbox_usage(&self, id: &str) -> Result<SandboxUsage, Error> {
         self.call::<(), _>(Method::GET, self.url(&["v1", "sandboxes", id, "usage"]), None)
+            .await
+    }
+
+    /// `GET /v1/sandboxes/{id}/boundary`: the sandbox's isolation as the host reports it now.
+    pub async fn boundary(&self, id: &str) -> Result<SandboxBoundary, Error> {
+        self.call::<(), _>(Method::GET, self.url(&["v1", "sandboxes", id, "boundary"]), None)
             .await
     }
 

@@ -38,6 +38,7 @@ pub mod files;
 pub mod network;
 pub mod pty;
 pub mod sse;
+pub mod storage;
 pub mod templates;
 pub mod tenancy;
 pub mod watch;

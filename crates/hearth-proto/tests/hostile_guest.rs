@@ -616,3 +616,42 @@ async fn listings_are_bounded_in_bytes_not_only_in_entries() {
     let err = procs.await.expect("join").expect_err("an 8 KB command line");
     assert!(err.to_string().contains("8000 bytes"), "{err}");
 }
+
+/// One sandbox's callers can hold at most `MAX_OPEN_STREAMS` streams (each may buffer a window of guest data):
+/// the next is refused with a typed error before anything reaches the agent, and closing one frees a slot.
+#[tokio::test]
+async fn open_streams_per_connection_are_bounded() {
+    use hearth_proto::client::MAX_OPEN_STREAMS;
+    let (c, mut g) = connected().await;
+    let mut handles = Vec::new();
+    for i in 0..MAX_OPEN_STREAMS {
+        let exec = tokio::spawn({
+            let c = c.clone();
+            async move { c.exec(ExecRequest::shell("sleep 1000")).await }
+        });
+        let (s, _, _) = g.next_request().await;
+        g.send(s, GuestMsg::Started { pid: i as u32 + 2 }, b"").await;
+        handles.push(exec.await.expect("join").expect("exec within the bound"));
+    }
+    let refused = c
+        .exec(ExecRequest::shell("true"))
+        .await
+        .expect_err("one stream too many");
+    assert!(
+        matches!(refused, ClientError::TooManyStreams(n) if n == MAX_OPEN_STREAMS),
+        "{refused}"
+    );
+    assert!(!c.is_closed(), "a refusal does not close the connection");
+    // Nothing about the refused stream reached the agent: the next frame it sees is the Abandon below.
+    drop(handles.pop());
+    let (_, msg, _) = g.next_request().await;
+    assert_eq!(msg, HostMsg::Abandon);
+    let again = tokio::spawn({
+        let c = c.clone();
+        async move { c.exec(ExecRequest::shell("true")).await }
+    });
+    let (s, msg, _) = g.next_request().await;
+    assert!(matches!(msg, HostMsg::Exec(_)), "{msg:?}");
+    g.send(s, GuestMsg::Started { pid: 9999 }, b"").await;
+    again.await.expect("join").expect("a freed slot is usable");
+}

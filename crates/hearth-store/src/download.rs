@@ -52,8 +52,32 @@ impl Store {
         dest: &Path,
         progress: Option<ProgressFn>,
     ) -> Result<GetStats, StoreError> {
+        self.get_object_pinned(name, dest, progress, None).await
+    }
+
+    /// [`Store::get_object`], accepting only the version whose manifest digest is `pinned`
+    /// ([`crate::PutStats::manifest_digest`]). Chunks are named by their content, so a pinned manifest pins
+    /// every byte: whoever can write the bucket (without the encryption key) cannot substitute another
+    /// version or forged files. Another digest is [`StoreError::ManifestCorrupt`].
+    pub async fn get_object_pinned(
+        &self,
+        name: &str,
+        dest: &Path,
+        progress: Option<ProgressFn>,
+        pinned: Option<&str>,
+    ) -> Result<GetStats, StoreError> {
         let name = ObjectName::new(name)?;
-        let manifest = self.read_manifest(&name).await?;
+        let (manifest, digest) = self.read_manifest_with_digest(&name).await?;
+        if let Some(want) = pinned
+            && !want.eq_ignore_ascii_case(&digest)
+        {
+            return Err(StoreError::ManifestCorrupt {
+                object: name.to_string(),
+                reason: format!(
+                    "its manifest is not the version this host committed (sha256 {digest}, expected {want})"
+                ),
+            });
+        }
         if tokio::fs::symlink_metadata(dest).await.is_ok() {
             return Err(StoreError::DestinationExists(dest.to_owned()));
         }

@@ -205,6 +205,11 @@ impl Store {
     }
 
     async fn read_manifest(&self, name: &ObjectName) -> Result<Manifest, StoreError> {
+        Ok(self.read_manifest_with_digest(name).await?.0)
+    }
+
+    /// The manifest and the SHA-256 (hex) of its plaintext.
+    async fn read_manifest_with_digest(&self, name: &ObjectName) -> Result<(Manifest, String), StoreError> {
         let key = self.inner.remote.manifest_key(name);
         let stored = self
             .inner
@@ -223,7 +228,7 @@ impl Store {
             .map_err(|r| corrupt(r.to_owned()))?;
         let manifest: Manifest = serde_json::from_slice(&json).map_err(|e| corrupt(e.to_string()))?;
         manifest.validate(name.as_str())?;
-        Ok(manifest)
+        Ok((manifest, manifest::digest_hex(&json)))
     }
 
     /// Committed objects whose names start with `prefix` by whole segments (`"templates"` lists

@@ -92,6 +92,15 @@ impl Manifest {
     }
 }
 
+/// SHA-256 of a manifest's plaintext JSON, in hex: what [`crate::PutStats::manifest_digest`] reports.
+pub fn digest_hex(json: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(json)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,9 @@ pub struct PutStats {
     pub zero_chunks: u64,
     /// Size of the manifest as stored.
     pub manifest_bytes: u64,
+    /// SHA-256 (hex) of the committed manifest's plaintext: keep it where the bucket cannot change it and
+    /// pass it to [`Store::get_object_pinned`] to accept only this version back.
+    pub manifest_digest: String,
 }
 
 /// A chunk as read: its index in the file, its length and its id and bytes (`None` when all zero).
@@ -141,6 +144,7 @@ impl Store {
             metadata: options.metadata,
         };
         let json = serde_json::to_vec(&manifest).expect("a manifest serializes");
+        stats.manifest_digest = crate::manifest::digest_hex(&json);
         let stored = self.inner.codec.encode_manifest(name.as_str(), json);
         stats.manifest_bytes = stored.len() as u64;
         // The commit: one PUT, atomic in S3. Pins are released only after it (when `guard` drops).

@@ -566,14 +566,7 @@ impl FirecrackerVmm {
         let Some(iid) = jailed_instance_id(run_dir, &self.binary) else {
             return;
         };
-        for dir in cgroups::vm_dirs(cfg, &self.binary, &iid) {
-            if !cgroups::pids_in(&dir).is_empty() {
-                cgroups::kill_all(&dir).await;
-            }
-            if let Err(e) = cgroups::remove(&dir).await {
-                tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove the VM's cgroup");
-            }
-        }
+        crate::cgroup::remove_vm(&cgroups::vm_dirs(cfg, &self.binary, &iid)).await;
     }
 
     /// Removes the cgroups of VMs that are not in `keep` (the daemon's live VMs), killing what still runs in
@@ -585,29 +578,7 @@ impl FirecrackerVmm {
             .iter()
             .filter_map(|h| jailed_instance_id(&h.run_dir, &self.binary))
             .collect();
-        for parent in cgroups::parent_dirs(cfg, &self.binary) {
-            let Ok(entries) = std::fs::read_dir(&parent) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if !entry.path().is_dir() || keep.contains(&name) {
-                    continue;
-                }
-                let dir = entry.path();
-                let pids = cgroups::pids_in(&dir);
-                if !pids.is_empty() {
-                    tracing::info!(cgroup = %dir.display(), ?pids, "killing the VMM of a VM nobody owns");
-                    cgroups::kill_all(&dir).await;
-                }
-                match cgroups::remove(&dir).await {
-                    Ok(()) => tracing::info!(cgroup = %dir.display(), "removed an unowned VM cgroup"),
-                    Err(e) => {
-                        tracing::warn!(cgroup = %dir.display(), error = %e, "cannot remove an unowned VM cgroup")
-                    }
-                }
-            }
-        }
+        crate::cgroup::sweep(&cgroups::parent_dirs(cfg, &self.binary), &keep).await;
     }
 
     fn proc_id(vm: &VmHandle) -> ProcessId {
@@ -771,6 +742,17 @@ impl Vmm for FirecrackerVmm {
 
     fn snapshot_resets_agent_channel(&self) -> bool {
         true
+    }
+
+    async fn continue_if_stopped(&self, vm: &VmHandle) -> Result<bool, VmmError> {
+        let api = self.api(&vm.run_dir);
+        let id = vm.run_dir.display().to_string();
+        let info = api.describe().await.map_err(|e| api_error(&id, &e))?;
+        if info.state != "Paused" {
+            return Ok(false);
+        }
+        api.resume().await.map_err(|e| api_error(&id, &e))?;
+        Ok(true)
     }
 
     async fn sweep(&self, live: &[VmHandle]) {

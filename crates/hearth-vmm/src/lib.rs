@@ -5,6 +5,7 @@
 //! - [`VmSpec`], [`NetAttach`]: what one VM is made of, including its NIC (a tap in a network namespace).
 //! - [`qemu`]: QEMU `microvm` driver (KVM when usable, TCG otherwise).
 //! - [`firecracker`]: Firecracker driver over its REST API on a Unix socket.
+//! - [`cgroup`]: the cgroup of each VMM process (limits from the VM's shape, removal, sweep), both drivers.
 //! - [`detect`]: host probe (KVM, PVM, binaries) and the `auto` choice with its reason.
 //!
 //! A driver owns its process, its sockets and its files under [`VmSpec::run_dir`]; nothing else reaches into
@@ -17,9 +18,11 @@ use tokio::net::UnixStream;
 
 pub use disk::DiskFormat;
 
+pub mod cgroup;
 pub mod detect;
 pub mod disk;
 pub mod firecracker;
+pub mod inspect;
 pub mod qemu;
 mod tap;
 
@@ -341,7 +344,16 @@ pub trait Vmm: Send + Sync {
         false
     }
 
-    /// Removes what the driver keeps on the host outside run directories (Firecracker: jailed VMs' cgroups)
+    /// After a daemon restart, before talking to an adopted VM's guest: a checkpoint (snapshot, fork) stops
+    /// the vCPUs and the daemon that would have let them go on may have died in between, leaving the guest
+    /// frozen for good. Waits for a capture still being written, then lets the VM run again. Returns whether it
+    /// was stopped. Default: nothing can be stopped.
+    async fn continue_if_stopped(&self, vm: &VmHandle) -> Result<bool, VmmError> {
+        let _ = vm;
+        Ok(false)
+    }
+
+    /// Removes what the driver keeps on the host outside run directories (VMs' cgroups)
     /// for every VM not in `live`, killing a VMM that still runs there: the daemon calls it once at start,
     /// after recovery, with the VMs it adopted. Default: nothing to remove.
     async fn sweep(&self, live: &[VmHandle]) {

@@ -43,6 +43,7 @@
 //! wait, then `cont` (checkpoint) or quit (pause). Restore starts QEMU with `-incoming defer` and loads the file
 //! the same way.
 
+pub mod cgroups;
 pub mod console;
 mod launch;
 pub mod memory;
@@ -120,6 +121,8 @@ pub struct QemuVmm {
     consoles: Arc<Mutex<HashSet<(PathBuf, u32)>>>,
     /// Which of the two kernel images a VM boots.
     kernel: KernelChoice,
+    /// Where each VM's cgroup lives, when QEMU processes get one ([`cgroups`]).
+    cgroups: Option<cgroups::QemuCgroups>,
 }
 
 /// Which kernel image QEMU is given (`-kernel`).
@@ -245,6 +248,7 @@ impl QemuVmm {
             drop_privileges: nix::unistd::geteuid().is_root(),
             consoles: Arc::default(),
             kernel: KernelChoice::Auto,
+            cgroups: None,
         }
     }
 
@@ -336,8 +340,10 @@ impl QemuVmm {
         }
 
         let (accel, cpu) = match self.accel {
-            Accel::Kvm => ("kvm", "host"),
-            Accel::Tcg => ("tcg", "max"),
+            Accel::Kvm => ("kvm".to_owned(), "host"),
+            // TCG's translated-code buffer is bounded (QEMU's default is up to 1 GiB, resident once filled), so
+            // that what QEMU holds beyond guest RAM is bounded too ([`cgroups::overhead_mib`]).
+            Accel::Tcg => (format!("tcg,tb-size={}", cgroups::tcg_tb_mib()), "max"),
         };
         let mut args: Vec<String> = vec![
             "-M".into(),
@@ -351,7 +357,7 @@ impl QemuVmm {
             // Paused until the console reader is attached (see `start`).
             "-S".into(),
             "-accel".into(),
-            accel.into(),
+            accel,
             "-cpu".into(),
             cpu.into(),
             "-smp".into(),
@@ -464,6 +470,31 @@ impl QemuVmm {
     fn same_process(vm: &VmHandle) -> bool {
         proc_state(vm.pid).is_some_and(|s| s != 'Z' && s != 'X')
             && process_start_ticks(vm.pid) == Some(vm.start_ticks)
+    }
+
+    /// Ends the QEMU process of `vm`: QMP quit, then SIGTERM, then SIGKILL.
+    async fn stop_process(&self, vm: &VmHandle) -> Result<(), VmmError> {
+        if !Self::same_process(vm) {
+            return Ok(());
+        }
+        // Politely first: QMP quit lets QEMU flush the disk image.
+        if let Ok(mut q) = self.qmp(vm).await {
+            let _ = tokio::time::timeout(QMP_TIMEOUT, q.quit()).await;
+            if Self::wait_gone(vm, STOP_STEP).await {
+                return Ok(());
+            }
+        }
+        for sig in [Signal::SIGTERM, Signal::SIGKILL] {
+            Self::signal(vm, sig).await?;
+            if Self::wait_gone(vm, STOP_STEP).await {
+                return Ok(());
+            }
+        }
+        Err(api_err(
+            vm,
+            "stop",
+            format!("pid {} still alive after SIGKILL", vm.pid),
+        ))
     }
 
     async fn wait_gone(vm: &VmHandle, within: Duration) -> bool {
@@ -652,27 +683,45 @@ impl Vmm for QemuVmm {
     }
 
     async fn stop(&self, vm: &VmHandle) -> Result<(), VmmError> {
-        if !Self::same_process(vm) {
-            return Ok(());
+        self.stop_process(vm).await?;
+        self.remove_cgroup(&vm.run_dir, false, Some(vm.pid)).await;
+        Ok(())
+    }
+
+    async fn continue_if_stopped(&self, vm: &VmHandle) -> Result<bool, VmmError> {
+        let mut q = self.qmp(vm).await?;
+        let status = q
+            .query_status()
+            .await
+            .map_err(|e| api_err(vm, "query-status", e.to_string()))?;
+        if status == "running" {
+            return Ok(false);
         }
-        // Politely first: QMP quit lets QEMU flush the disk image.
-        if let Ok(mut q) = self.qmp(vm).await {
-            let _ = tokio::time::timeout(QMP_TIMEOUT, q.quit()).await;
-            if Self::wait_gone(vm, STOP_STEP).await {
-                return Ok(());
-            }
+        // A checkpoint's migration goes on inside QEMU without the daemon: let it finish (or fail) first.
+        let migrate = q
+            .execute("query-migrate", None)
+            .await
+            .map_err(|e| api_err(vm, "query-migrate", e.to_string()))?;
+        let migrating = matches!(
+            migrate.get("status").and_then(serde_json::Value::as_str),
+            Some("setup" | "active" | "pre-switchover" | "device" | "cancelling" | "wait-unplug")
+        );
+        if migrating {
+            let _ = q.wait_migration(snapshot::MIGRATION_TIMEOUT).await;
         }
-        for sig in [Signal::SIGTERM, Signal::SIGKILL] {
-            Self::signal(vm, sig).await?;
-            if Self::wait_gone(vm, STOP_STEP).await {
-                return Ok(());
-            }
-        }
-        Err(api_err(
-            vm,
-            "stop",
-            format!("pid {} still alive after SIGKILL", vm.pid),
-        ))
+        q.execute("cont", None)
+            .await
+            .map_err(|e| api_err(vm, "cont", format!("continuing a VM left {status}: {e}")))?;
+        Ok(true)
+    }
+
+    async fn sweep(&self, live: &[VmHandle]) {
+        let Some(c) = &self.cgroups else { return };
+        let keep: Vec<String> = live
+            .iter()
+            .filter_map(|h| cgroups::cgroup_name(&h.run_dir))
+            .collect();
+        crate::cgroup::sweep(&c.parent_dirs(), &keep).await;
     }
 
     fn is_alive(&self, vm: &VmHandle) -> bool {
@@ -810,7 +859,10 @@ mod tests {
         .with_drop_privileges(false);
         let a = args_of(&vmm, &spec(Path::new("/run/h/sbx")));
         let joined = a.join(" ");
-        assert!(joined.contains("-accel tcg -cpu max -smp 2 -m 256"), "{joined}");
+        assert!(
+            joined.contains("-accel tcg,tb-size=512 -cpu max -smp 2 -m 256"),
+            "{joined}"
+        );
         assert!(joined.contains("virtserialport,chardev=agent,name=hearth.agent"));
         assert!(joined.contains("socket,id=agent,path=/run/h/sbx/agent.sock,server=on,wait=off"));
         assert!(joined.contains("file=disk.qcow2,format=qcow2"), "{joined}");

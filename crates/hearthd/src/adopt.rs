@@ -131,7 +131,7 @@ pub async fn recover(svc: &Arc<Sandboxes>) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// After recovery: lets the VMM driver remove what it keeps outside run directories (jailed Firecracker's
+/// After recovery: lets the VMM driver remove what it keeps outside run directories (VMs'
 /// cgroups) for every VM the daemon does not run, like the network sweep does for namespaces.
 pub async fn sweep_vmm(svc: &Sandboxes) {
     let live: Vec<VmHandle> = match svc.db().list() {
@@ -328,6 +328,14 @@ async fn adopt_one(svc: &Sandboxes, row: SandboxRow) -> Result<(), ServiceError>
                 .await;
         }
     };
+    // A checkpoint or fork interrupted by the restart may have left the vCPUs stopped.
+    match svc.vmm.continue_if_stopped(&vm).await {
+        Ok(true) => {
+            tracing::info!(sandbox = %row.id, "continued a VM an interrupted checkpoint left stopped")
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(sandbox = %row.id, error = %e, "cannot tell whether the VM runs"),
+    }
     match svc.connect_agent_until(&vm, Instant::now() + ADOPT_CONNECT).await {
         Ok(client) => {
             svc.set_live(Arc::new(Live::new(

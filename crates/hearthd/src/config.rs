@@ -70,6 +70,10 @@ pub struct Args {
     /// sandbox is marked failed. Default 30 under TCG, 10 under KVM.
     #[arg(long, env = "HEARTH_AGENT_UNRESPONSIVE_S")]
     pub agent_unresponsive_s: Option<u64>,
+    /// Snapshots (checkpoints and fork bases) one sandbox may have at once: each holds a copy of its memory and
+    /// disk, so this bounds the host disk one sandbox's snapshots can take.
+    #[arg(long, env = "HEARTH_MAX_SNAPSHOTS_PER_SANDBOX", default_value_t = 64)]
+    pub max_snapshots_per_sandbox: usize,
     /// Sandbox networking: `auto` turns it on when the daemon can (root, /dev/net/tun, the `nft` tool), `on`
     /// requires it, `off` gives sandboxes no network device.
     #[arg(long, env = "HEARTH_NETWORK", value_enum, default_value_t = NetworkChoice::Auto)]
@@ -94,6 +98,21 @@ pub struct Args {
     /// Off by default: the daemon reaches registered endpoints itself, so one must not lead into the host.
     #[arg(long, env = "HEARTH_ALLOW_PRIVATE_BUCKET_ENDPOINTS")]
     pub allow_private_bucket_endpoints: bool,
+    /// Durable storage for paused sandboxes, snapshots and templates: `s3://BUCKET[/PREFIX]` (endpoint, region
+    /// and credentials from the AWS environment or shared credentials file; see docs/storage.md). Local disk
+    /// stays the working copy; without this flag everything stays on local disk only.
+    #[arg(long, env = "HEARTH_STORAGE")]
+    pub storage: Option<String>,
+    /// Key file for client-side encryption of everything stored in the bucket (64 hex characters or 32 bytes).
+    #[arg(long, env = "HEARTH_STORAGE_KEY", requires = "storage")]
+    pub storage_key: Option<PathBuf>,
+    /// Seconds between garbage-collection passes over the storage bucket.
+    #[arg(long, env = "HEARTH_STORAGE_GC_INTERVAL_S", default_value_t = 3600)]
+    pub storage_gc_interval_s: u64,
+    /// Unreferenced chunks younger than this many seconds survive a GC pass (they may belong to an upload
+    /// whose manifest is not written yet).
+    #[arg(long, env = "HEARTH_STORAGE_GC_GRACE_S", default_value_t = 86400)]
+    pub storage_gc_grace_s: u64,
     /// Print the OpenAPI document to stdout and exit.
     #[arg(long)]
     pub print_openapi: bool,

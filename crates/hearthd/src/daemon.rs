@@ -44,11 +44,10 @@ pub fn build_vmm(
     let vmm: Arc<dyn Vmm> = match chosen.kind {
         VmmKind::Qemu => {
             let bin = probe.qemu.as_ref().map_err(|e| anyhow::anyhow!("qemu: {e}"))?;
-            Arc::new(hearth_vmm::qemu::QemuVmm::new(
-                chosen.accel,
-                bin.path.clone(),
-                bin.version.clone(),
-            ))
+            Arc::new(
+                hearth_vmm::qemu::QemuVmm::new(chosen.accel, bin.path.clone(), bin.version.clone())
+                    .with_cgroups(&vm_cgroup_parent(paths)),
+            )
         }
         VmmKind::Firecracker => {
             let bin = probe
@@ -85,7 +84,7 @@ pub fn build_vmm(
 }
 
 /// The jailer configuration `--jailer` asks for, or `None` to run Firecracker unjailed. VMs' cgroups live below
-/// a parent named after the data directory, so two daemons on one host never sweep each other's.
+/// [`vm_cgroup_parent`].
 fn jail_config(
     choice: JailerChoice,
     probe: &detect::HostProbe,
@@ -106,18 +105,21 @@ fn jail_config(
             tracing::warn!(reason = %why, "Firecracker runs unjailed");
             Ok(None)
         }
-        (_, None, Ok(jailer)) => {
-            let parent = format!(
-                "hearth-{:08x}",
-                fnv32(paths.data_dir.as_os_str().as_encoded_bytes())
-            );
-            Ok(Some(hearth_vmm::firecracker::JailerConfig::for_daemon(
-                jailer.clone(),
-                parent,
-            )))
-        }
+        (_, None, Ok(jailer)) => Ok(Some(hearth_vmm::firecracker::JailerConfig::for_daemon(
+            jailer.clone(),
+            vm_cgroup_parent(paths),
+        ))),
         (_, None, Err(e)) => anyhow::bail!("jailer: {e}"),
     }
+}
+
+/// The parent cgroup of every VM's cgroup (both drivers): named after the data directory, so two daemons on one
+/// host never sweep each other's.
+fn vm_cgroup_parent(paths: &Paths) -> String {
+    format!(
+        "hearth-{:08x}",
+        fnv32(paths.data_dir.as_os_str().as_encoded_bytes())
+    )
 }
 
 /// 32-bit FNV-1a: a short, stable name from a path.
@@ -265,6 +267,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         default_template: args.default_template.clone(),
         ready_timeout,
         agent_unresponsive: config::agent_unresponsive(args.agent_unresponsive_s, vmm.accel()),
+        max_snapshots_per_sandbox: args.max_snapshots_per_sandbox.max(1),
     };
     let mut info = info;
     let networking = build_networking(&args, &mut info.checks)?;
@@ -276,6 +279,17 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         allow_private_endpoints: args.allow_private_bucket_endpoints,
     })
     .context("bucket secret key")?;
+    // The storage bucket: probed before anything else runs, and a bad one stops the start with the reason.
+    if let Some(url) = &args.storage {
+        let storage = crate::service::remote::open(crate::service::remote::StorageSettings {
+            url: url.clone(),
+            key_file: args.storage_key.clone(),
+            gc_interval: Duration::from_secs(args.storage_gc_interval_s),
+            gc_grace: Duration::from_secs(args.storage_gc_grace_s),
+        })
+        .await?;
+        svc.enable_storage(storage);
+    }
     // Installed before recovery so that what recovery does is counted.
     let metrics = metrics::install();
     adopt::recover(&svc).await.context("recovering sandboxes")?;
@@ -283,6 +297,8 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     svc.restore_networking().await;
     tokio::spawn(reaper::reaper(svc.clone()));
     tokio::spawn(reaper::watcher(svc.clone()));
+    tokio::spawn(crate::service::remote::worker(svc.clone()));
+    tokio::spawn(crate::service::remote::gc_loop(svc.clone()));
 
     let listener = TcpListener::bind(args.listen)
         .await

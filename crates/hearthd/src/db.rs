@@ -6,6 +6,7 @@
 
 pub mod mounts;
 pub mod network;
+pub mod remote;
 pub mod snapshots;
 pub mod tenancy;
 pub mod usage;
@@ -131,7 +132,9 @@ const MIGRATIONS: &[&str] = &[
         bytes_read    INTEGER NOT NULL,
         bytes_written INTEGER NOT NULL
     );",
-    // 7: projects, scoped keys, object owners, the audit chain (db/tenancy.rs).
+    // 7: where paused states, snapshots and templates are in the storage bucket (`--storage`).
+    remote::MIGRATION,
+    // 8: projects, scoped keys, object owners, the audit chain (db/tenancy.rs).
     tenancy::MIGRATION,
 ];
 

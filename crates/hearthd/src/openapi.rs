@@ -7,7 +7,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::http::{
-    buckets, commands, files, network, ports, pty, sandboxes, system, templates, tenancy, watch,
+    buckets, commands, files, network, ports, pty, sandboxes, storage, system, templates, tenancy, watch,
 };
 
 #[derive(OpenApi)]
@@ -16,7 +16,7 @@ use crate::http::{
         license(name = "Apache-2.0")),
     paths(
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::destroy, sandboxes::set_timeout,
-        sandboxes::pause, sandboxes::resume, sandboxes::usage, sandboxes::usage_report,
+        sandboxes::pause, sandboxes::resume, sandboxes::usage, sandboxes::usage_report, sandboxes::boundary,
         sandboxes::fork, sandboxes::snapshot, sandboxes::list_snapshots, sandboxes::delete_snapshot,
         templates::create, templates::list, templates::get, templates::delete,
         commands::run, commands::processes, commands::wait, commands::kill, commands::stdin, pty::pty,
@@ -29,6 +29,7 @@ use crate::http::{
         buckets::detach,
         tenancy::create_project, tenancy::list_projects, tenancy::usage, tenancy::set_quota, tenancy::create_key,
         tenancy::list_keys, tenancy::revoke_key, tenancy::audit,
+        storage::status, storage::gc,
     ),
     components(schemas(hearth_api::ErrorCode, hearth_api::ErrorDetail, hearth_api::SandboxState,
         hearth_api::FileKind, hearth_api::Check, hearth_api::Capacity, hearth_api::ProcessInfo)),

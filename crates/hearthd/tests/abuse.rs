@@ -220,3 +220,117 @@ async fn a_hung_guest_is_reported_failed_within_seconds() {
         );
     }
 }
+
+/// Issue 15 item 5, `hearth inspect`: the boundary the API reports is the one the kernel reports. Every field
+/// is checked against `/proc` and cgroupfs read here, and against the guest's own `uname -r`; a paused sandbox
+/// has no VMM process to report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reported_boundary_is_the_one_the_kernel_reports() {
+    let d = Daemon::start().await;
+    let sb = d
+        .create(json!({"template": "minimal", "memory_mib": 256, "vcpus": 1}))
+        .await;
+    let (status, b) = d
+        .call(Method::GET, &format!("/v1/sandboxes/{}/boundary", sb.id), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{b}");
+    let b: hearth_api::SandboxBoundary = serde_json::from_value(b).unwrap();
+    let vmm = b.vmm.as_ref().expect("a running sandbox has a VMM process");
+    assert_eq!(
+        d.vm_pids(&sb.id),
+        vec![vmm.pid],
+        "the reported pid is the sandbox's VMM"
+    );
+
+    let proc = format!("/proc/{}", vmm.pid);
+    let status_text = std::fs::read_to_string(format!("{proc}/status")).unwrap();
+    let field = |name: &str| {
+        status_text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let uids: Vec<u32> = field("Uid").iter().map(|u| u.parse().unwrap()).collect();
+    assert_eq!(vmm.uids, uids);
+    assert_eq!(vmm.capabilities, field("CapEff")[0]);
+    let seccomp = match field("Seccomp")[0].as_str() {
+        "0" => "disabled",
+        "1" => "strict",
+        _ => "filter",
+    };
+    assert_eq!(vmm.seccomp, seccomp);
+    let link = |p: &str| {
+        std::fs::read_link(format!("{proc}/{p}"))
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    };
+    assert_eq!(vmm.root, link("root"));
+    assert_eq!(vmm.binary, link("exe"));
+    for ns in &vmm.namespaces {
+        assert_eq!(ns.id, link(&format!("ns/{}", ns.kind)), "{ns:?}");
+        let ours = std::fs::read_link(format!("/proc/self/ns/{}", ns.kind)).unwrap();
+        // The test and the daemon share namespaces: shared with the daemon = shared with the test.
+        assert_eq!(ns.shared_with_daemon, ours.to_string_lossy() == ns.id, "{ns:?}");
+    }
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    if root {
+        // As root the VMM runs as a uid of its own, chrooted, without capabilities (SECURITY.md promise 2).
+        assert_ne!(vmm.uids[1], 0, "{vmm:?}");
+        assert_ne!(vmm.root, "/", "{vmm:?}");
+        assert_eq!(u64::from_str_radix(&vmm.capabilities, 16).unwrap(), 0, "{vmm:?}");
+    }
+    // The cgroup: the one /proc names, with the sandbox's shape when the VMM has one of its own.
+    let cg = &vmm.cgroup;
+    let proc_cgroup = std::fs::read_to_string(format!("{proc}/cgroup")).unwrap();
+    assert!(
+        proc_cgroup.lines().any(|l| l.ends_with(&format!(":{}", cg.path))),
+        "{cg:?} {proc_cgroup}"
+    );
+    if !cg.shared_with_daemon {
+        let cpu = cg.cpu_max.as_deref().unwrap();
+        let (quota, period) = cpu.split_once(' ').unwrap();
+        assert_eq!(
+            quota.parse::<u64>().unwrap(),
+            period.parse::<u64>().unwrap(),
+            "1 vCPU: {cg:?}"
+        );
+        let memory: u64 = cg.memory_max.as_deref().unwrap().parse().unwrap();
+        assert!(
+            memory > 256 << 20 && memory < 2048 << 20,
+            "256 MiB guest + VMM overhead: {cg:?}"
+        );
+        assert!(
+            cg.pids_max.as_deref().unwrap().parse::<u32>().unwrap() > 0,
+            "{cg:?}"
+        );
+    }
+    // The guest kernel, as the guest reports it.
+    let uname = d.sh(&sb.id, "uname -r").await;
+    assert_eq!(b.guest.kernel.as_deref(), Some(uname.stdout.trim()));
+    assert_eq!((b.guest.vcpus, b.guest.memory_mib), (1, 256));
+
+    // Paused: no VMM process to report, still the sandbox's network and mounts.
+    let (status, body) = d
+        .call(Method::POST, &format!("/v1/sandboxes/{}/pause", sb.id), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, b) = d
+        .call(Method::GET, &format!("/v1/sandboxes/{}/boundary", sb.id), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{b}");
+    let b: hearth_api::SandboxBoundary = serde_json::from_value(b).unwrap();
+    assert!(b.vmm.is_none() && b.guest.kernel.is_none(), "{b:?}");
+    assert_eq!(b.state, hearth_api::SandboxState::Paused);
+    let (status, _) = d
+        .call(Method::GET, "/v1/sandboxes/sbx_nosuchsandbox/boundary", None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    d.destroy(&sb.id).await;
+}

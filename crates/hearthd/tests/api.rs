@@ -102,6 +102,7 @@ impl Fixture {
             default_template: "minimal".into(),
             ready_timeout: Duration::from_secs(5),
             agent_unresponsive: Duration::from_secs(3),
+            max_snapshots_per_sandbox: 64,
         };
         let info = VmmInfo {
             reason: "test".into(),
@@ -826,6 +827,7 @@ async fn slow_heads_are_cut_and_connections_are_capped() {
     let (addr, stop, server) = start(hearthd::http::serve::ServeLimits {
         max_connections: 100,
         header_read_timeout: Duration::from_secs(1),
+        keep_alive_idle: Duration::from_secs(4),
     })
     .await;
     let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -857,6 +859,50 @@ async fn slow_heads_are_cut_and_connections_are_capped() {
         "{:?}",
         String::from_utf8_lossy(&buf[..n])
     );
+    // Its next head, trickled and never finished, is cut once the connection has been without a request for
+    // its keep-alive deadline (4 s here) after the last answer.
+    let answered = std::time::Instant::now();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .expect("partial head");
+    let mut read = Ok(1);
+    while matches!(read, Ok(n) if n > 0) {
+        if answered.elapsed() < Duration::from_secs(3) {
+            let _ = kept.write_all(b"X-Slow: 1\r\n").await;
+        }
+        read = tokio::time::timeout(Duration::from_secs(15), kept.read(&mut buf))
+            .await
+            .expect("a trickled second head is cut within its deadline");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        answered.elapsed() >= Duration::from_secs(3),
+        "cut before its deadline: {:?}",
+        answered.elapsed()
+    );
+    // Time while a request is in flight does not count: a body sent a byte at a time for longer than the
+    // keep-alive deadline (and the first-head deadline) still gets its answer.
+    let mut slow_body = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 12\r\n\r\n",
+        f.key
+    );
+    slow_body.write_all(head.as_bytes()).await.expect("head");
+    for byte in b"{\"x\":     1}" {
+        slow_body.write_all(&[*byte]).await.expect("body byte");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let n = tokio::time::timeout(Duration::from_secs(10), slow_body.read(&mut buf))
+        .await
+        .expect("answer")
+        .expect("read");
+    // The handler read the whole body before it answered: 400 for the unknown field, not 401 or a cut.
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 400"),
+        "a request in flight for 6 s was cut: {:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
     let _ = stop.send(());
     server.await.expect("join").expect("serve");
 
@@ -864,6 +910,7 @@ async fn slow_heads_are_cut_and_connections_are_capped() {
     let (addr, stop, server) = start(hearthd::http::serve::ServeLimits {
         max_connections: 2,
         header_read_timeout: Duration::from_secs(30),
+        keep_alive_idle: Duration::from_secs(30),
     })
     .await;
     let a = tokio::net::TcpStream::connect(addr).await.expect("connect a");

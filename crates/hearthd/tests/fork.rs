@@ -121,3 +121,45 @@ async fn fork_of_three_and_snapshot_objects() {
     d.destroy(&from).await;
     d.destroy(&parent).await;
 }
+
+/// Issue 15: one sandbox's snapshots are bounded in number (each is a copy of its memory and disk), so the host
+/// disk they can take is bounded; the refusal is typed and nothing is written, and deleting one frees a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_per_sandbox_are_bounded() {
+    let _serial = VM_LOCK.lock().await;
+    let d = Daemon::start_with(&["--network", "off", "--max-snapshots-per-sandbox", "2"]).await;
+    let id = d
+        .create(json!({"template": "minimal", "memory_mib": 256}))
+        .await
+        .id;
+    let path = format!("/v1/sandboxes/{id}/snapshots");
+    let (s1, first) = d.call(Method::POST, &path, None).await;
+    assert_eq!(s1, StatusCode::CREATED, "{first}");
+    let (s2, v) = d.call(Method::POST, &path, None).await;
+    assert_eq!(s2, StatusCode::CREATED, "{v}");
+    let snapshots_dir = d.data_dir().join("snapshots");
+    let before = std::fs::read_dir(&snapshots_dir).expect("snapshots dir").count();
+    let (s3, v) = d.call(Method::POST, &path, None).await;
+    assert_eq!(s3, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["error"]["code"], "capacity_exceeded", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("max-snapshots-per-sandbox"),
+        "{v}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&snapshots_dir).expect("snapshots dir").count(),
+        before,
+        "a refused snapshot writes nothing"
+    );
+    let first_id = first["id"].as_str().expect("snapshot id");
+    let (status, v) = d
+        .call(Method::DELETE, &format!("/v1/snapshots/{first_id}"), None)
+        .await;
+    assert!(status.is_success(), "{v}");
+    let (s4, v) = d.call(Method::POST, &path, None).await;
+    assert_eq!(s4, StatusCode::CREATED, "a deleted snapshot frees its slot: {v}");
+    assert_eq!(d.sh(&id, "true").await.exit_code, 0, "the sandbox runs on");
+}

@@ -132,6 +132,11 @@ const DAEMON_CODES: Record<components["schemas"]["ErrorCode"], true> = {
   bucket_unreachable: true,
   network_required: true,
   agent_too_old: true,
+  storage_corrupt: true,
+  storage_unavailable: true,
+  forbidden: true,
+  quota_exceeded: true,
+  rate_limited: true,
   internal: true,
   unknown: true,
 };

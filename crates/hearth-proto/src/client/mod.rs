@@ -63,6 +63,10 @@ const HELLO_RESEND: Duration = Duration::from_millis(500);
 const MAX_PENDING_MSGS: usize = (crate::WINDOW / crate::MIN_DATA_COST) as usize + 4096;
 /// Most header bytes queued on one stream (batches of list entries are not flow-controlled).
 const MAX_PENDING_HEADER_BYTES: usize = 16 << 20;
+/// Streams (commands, terminals, file transfers, watches, requests) open at once on one connection, i.e. in
+/// one sandbox. Each may hold up to [`crate::WINDOW`] of guest data the caller has not read yet, so this bounds
+/// what one sandbox's callers can make the host hold (256 MiB), and the descriptors and tasks behind them.
+pub const MAX_OPEN_STREAMS: usize = 256;
 
 /// Errors of the host side of the agent channel.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +95,11 @@ pub enum ClientError {
     /// The body stream given to `write_file` failed.
     #[error("request body: {0}")]
     Body(String),
+    /// [`MAX_OPEN_STREAMS`] streams are already open on this connection.
+    #[error(
+        "{0} commands, terminals, transfers and watches are already open in this sandbox; close some first"
+    )]
+    TooManyStreams(usize),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -341,7 +350,16 @@ impl AgentClient {
             pending: Arc::new(Pending::default()),
         };
         let rx = StreamRx::new(self.clone(), id, rx, &route);
-        self.shared.routes().insert(id, route);
+        {
+            let mut routes = self.shared.routes();
+            if routes.len() >= MAX_OPEN_STREAMS {
+                drop(routes);
+                // Never announced to the agent: nothing to abandon.
+                rx.finish();
+                return Err(ClientError::TooManyStreams(MAX_OPEN_STREAMS));
+            }
+            routes.insert(id, route);
+        }
         if let Err(e) = self.shared.out.send(id, msg, data) {
             rx.finish();
             return Err(match e {

@@ -11,15 +11,16 @@
 //!
 //! and the v1 equivalents (`cpu.cfs_quota_us`, `memory.limit_in_bytes`, `pids.max`) on a v1 hierarchy. On v2
 //! the controllers must be enabled in every ancestor's `cgroup.subtree_control`: [`prepare_parent`] does that
-//! for the root and the parent before each start (idempotent).
+//! for the root and the parent before each start (idempotent). The helpers both drivers share are in
+//! [`crate::cgroup`].
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use super::jailer::{CgroupVersion, JailerConfig};
+use crate::cgroup::Shape;
 
-/// The cgroup hierarchy's mount point.
-pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+pub use crate::cgroup::{CGROUP_ROOT, kill_all, pids_in, remove};
+
 /// Memory a Firecracker process may use beyond the guest's RAM. Measured on the KVM test host: a 256 MiB guest
 /// that touched all its memory left the VM's cgroup with 258.5 MiB anonymous memory (guest + ~2.5 MiB of
 /// Firecracker's own), 2.5 MiB kernel memory and page tables, and ~51 MiB page cache (the kernel image and
@@ -28,37 +29,18 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 pub const VMM_OVERHEAD_MIB: u64 = 64;
 /// Tasks (threads) a jailed Firecracker may have: it runs about 3 + vCPUs threads.
 pub const PIDS_MAX: u32 = 64;
-/// The controllers the shape limits need.
-const CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
-
-impl CgroupVersion {
-    /// The version of this host's cgroup hierarchy at [`CGROUP_ROOT`]: v2 when it is the unified hierarchy.
-    pub fn detect() -> Self {
-        if Path::new(CGROUP_ROOT).join("cgroup.controllers").is_file() {
-            CgroupVersion::V2
-        } else {
-            CgroupVersion::V1
-        }
-    }
-}
 
 /// The `file=value` settings that limit a VM of `vcpus` and `memory_mib` to its shape.
 pub fn shape_settings(version: CgroupVersion, vcpus: u32, memory_mib: u32) -> Vec<String> {
-    let period: u64 = 100_000;
-    let quota = u64::from(vcpus.max(1)) * period;
-    let memory = (u64::from(memory_mib) + VMM_OVERHEAD_MIB) * 1024 * 1024;
-    match version {
-        CgroupVersion::V2 => vec![
-            format!("cpu.max={quota} {period}"),
-            format!("memory.max={memory}"),
-            format!("pids.max={PIDS_MAX}"),
-        ],
-        CgroupVersion::V1 => vec![
-            format!("cpu.cfs_quota_us={quota}"),
-            format!("memory.limit_in_bytes={memory}"),
-            format!("pids.max={PIDS_MAX}"),
-        ],
-    }
+    crate::cgroup::shape_settings(
+        version,
+        Shape {
+            vcpus,
+            memory_mib,
+            overhead_mib: VMM_OVERHEAD_MIB,
+            pids_max: PIDS_MAX,
+        },
+    )
 }
 
 /// The parent cgroup's name (relative to the hierarchy): the configured one, else the jailer's default (the
@@ -80,7 +62,7 @@ fn controllers(cfg: &JailerConfig) -> Vec<String> {
         .filter_map(|s| s.split('.').next().map(str::to_owned))
         .collect();
     if cfg.shape_limits {
-        names.extend(CONTROLLERS.iter().map(|c| (*c).to_owned()));
+        names.extend(crate::cgroup::shape_controllers());
     }
     names.sort_unstable();
     names.dedup();
@@ -90,54 +72,24 @@ fn controllers(cfg: &JailerConfig) -> Vec<String> {
 /// The directories holding every VM's cgroup: `<root>/<parent>` on v2, `<root>/<controller>/<parent>` per
 /// controller on v1.
 pub fn parent_dirs(cfg: &JailerConfig, firecracker: &Path) -> Vec<PathBuf> {
-    let parent = parent_name(cfg, firecracker);
-    match cfg.cgroup_version {
-        CgroupVersion::V2 => vec![Path::new(CGROUP_ROOT).join(&parent)],
-        CgroupVersion::V1 => controllers(cfg)
-            .into_iter()
-            .map(|c| Path::new(CGROUP_ROOT).join(c).join(&parent))
-            .collect(),
-    }
+    crate::cgroup::parent_dirs(
+        cfg.cgroup_version,
+        &parent_name(cfg, firecracker),
+        &controllers(cfg),
+    )
 }
 
 /// On cgroup v2, makes the parent cgroup and enables the limits' controllers in the root's and the parent's
-/// `cgroup.subtree_control` (a child can only use a controller its parent delegates). A no-op on v1 and
-/// without shape limits.
+/// `cgroup.subtree_control`. A no-op on v1 and without shape limits.
 pub fn prepare_parent(cfg: &JailerConfig, firecracker: &Path) -> std::io::Result<()> {
-    if cfg.cgroup_version != CgroupVersion::V2 || !cfg.shape_limits {
+    if !cfg.shape_limits {
         return Ok(());
     }
-    let root = Path::new(CGROUP_ROOT);
-    let parent = root.join(parent_name(cfg, firecracker));
-    match std::fs::create_dir(&parent) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    for dir in [root, parent.as_path()] {
-        enable_controllers(dir)?;
-    }
-    Ok(())
-}
-
-/// Writes `+<controller>` into `dir/cgroup.subtree_control` for each limit controller not enabled yet.
-fn enable_controllers(dir: &Path) -> std::io::Result<()> {
-    let control = dir.join("cgroup.subtree_control");
-    let enabled = std::fs::read_to_string(&control)?;
-    let missing: Vec<String> = CONTROLLERS
-        .iter()
-        .filter(|c| !enabled.split_whitespace().any(|e| e == **c))
-        .map(|c| format!("+{c}"))
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    std::fs::write(&control, missing.join(" ")).map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!("enabling {} in {}: {e}", missing.join(" "), control.display()),
-        )
-    })
+    crate::cgroup::prepare_parent(
+        cfg.cgroup_version,
+        &parent_name(cfg, firecracker),
+        &crate::cgroup::CONTROLLERS,
+    )
 }
 
 /// The cgroup directories of VM `instance_id`.
@@ -146,52 +98,6 @@ pub fn vm_dirs(cfg: &JailerConfig, firecracker: &Path, instance_id: &str) -> Vec
         .into_iter()
         .map(|p| p.join(instance_id))
         .collect()
-}
-
-/// Removes a cgroup directory whose processes are gone. The kernel releases a cgroup a moment after its last
-/// task is reaped, so `EBUSY` is retried for up to two seconds. A missing directory is fine.
-pub async fn remove(dir: &Path) -> std::io::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// The pids in a cgroup (`cgroup.procs`), empty when it has none or is gone.
-pub fn pids_in(dir: &Path) -> Vec<u32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
-/// SIGKILLs every process of a cgroup: `cgroup.kill` on v2 (atomic, also catches forks in flight), one kill
-/// per listed pid otherwise; then waits up to two seconds until it is empty.
-pub async fn kill_all(dir: &Path) {
-    if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
-        for pid in pids_in(dir) {
-            if let Ok(pid) = i32::try_from(pid)
-                && pid > 1
-            {
-                // SAFETY: kill(2) has no memory-safety preconditions; the pid is in a VM's own cgroup.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                }
-            }
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !pids_in(dir).is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[cfg(test)]

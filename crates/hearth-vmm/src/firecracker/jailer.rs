@@ -21,11 +21,7 @@ use std::path::{Path, PathBuf};
 use super::sock::SocketAddr;
 
 /// Which cgroup hierarchy the jailer writes `cgroups` settings to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CgroupVersion {
-    V1,
-    V2,
-}
+pub use crate::cgroup::CgroupVersion;
 
 /// How to jail each Firecracker process.
 #[derive(Debug, Clone)]

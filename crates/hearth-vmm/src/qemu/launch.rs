@@ -93,6 +93,18 @@ impl QemuVmm {
         if self.drop_privileges {
             self.prepare_unprivileged(spec)?;
         }
+        // The VM's cgroup: the child writes itself into each `cgroup.procs` before it execs QEMU.
+        let cgroup = match &self.cgroups {
+            None => Vec::new(),
+            Some(c) => match c.create(&spec.run_dir, spec.vcpus, spec.memory_mib, self.accel) {
+                Ok(procs) => procs,
+                Err(e) => {
+                    self.remove_cgroup(&spec.run_dir, true, None).await;
+                    return Err(failed(format!("the VM's cgroup: {e}")));
+                }
+            },
+        };
+        let cgroup_fds: Vec<i32> = cgroup.iter().map(AsRawFd::as_raw_fd).collect();
         let mut cmd = std::process::Command::new(&self.binary);
         cmd.args(&args)
             .current_dir(&spec.run_dir)
@@ -101,11 +113,17 @@ impl QemuVmm {
             .stderr(Stdio::from(log2));
         // The tap descriptor is close-on-exec like every descriptor here; the child alone clears that flag
         // (after the fork), so no other process spawned meanwhile inherits it.
-        // SAFETY: runs in the forked child before exec; setsid(2) and fcntl(2) are async-signal-safe and touch no
-        // memory shared with the parent.
+        // SAFETY: runs in the forked child before exec; setsid(2), write(2) and fcntl(2) are async-signal-safe,
+        // nothing is allocated, and the descriptors were opened by the parent and stay open until after spawn.
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
+                // "0" moves the writing process: this child, and QEMU after the exec.
+                for fd in &cgroup_fds {
+                    if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 if let Some(fd) = tap_fd
                     && libc::fcntl(fd, libc::F_SETFD, 0) < 0
                 {
@@ -117,7 +135,14 @@ impl QemuVmm {
         let spawned = cmd.spawn();
         // QEMU holds its own copy now; ours would keep the tap attached after QEMU exits.
         drop(tap);
-        let mut child = spawned.map_err(|e| failed(format!("spawn {}: {e}", self.binary.display())))?;
+        drop(cgroup);
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                self.remove_cgroup(&spec.run_dir, true, None).await;
+                return Err(failed(format!("spawn {}: {e}", self.binary.display())));
+            }
+        };
         let pid = child.id();
         let start_ticks = process_start_ticks(pid);
         // Reap QEMU whenever it exits while we live; report the exit to the readiness loop below.
@@ -174,6 +199,7 @@ impl QemuVmm {
                     let _ = Self::signal(&handle, Signal::SIGKILL).await;
                     let _ = tokio::time::timeout(STOP_STEP, exit_rx).await;
                 }
+                self.remove_cgroup(&spec.run_dir, true, None).await;
                 Err(failed(detail))
             }
         }

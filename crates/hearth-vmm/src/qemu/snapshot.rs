@@ -37,7 +37,7 @@ pub const VMSTATE: &str = "vmstate";
 /// The disk copy's file name in a checkpoint.
 pub const DISK_COPY: &str = "disk.qcow2";
 /// Saving or loading the state of a large guest under TCG on a loaded host.
-const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl QemuVmm {
     pub(super) async fn snapshot_to(

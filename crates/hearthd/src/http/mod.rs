@@ -18,6 +18,7 @@ pub mod pty;
 pub mod sandboxes;
 pub mod serve;
 pub mod sse;
+pub mod storage;
 pub mod system;
 pub mod templates;
 pub mod tenancy;
@@ -86,6 +87,10 @@ pub fn app(state: AppState) -> Router {
         .route("/sandboxes/{id}/pause", post(sandboxes::pause.layer(long)))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume.layer(long)))
         .route("/sandboxes/{id}/usage", get(sandboxes::usage.layer(quick())))
+        .route(
+            "/sandboxes/{id}/boundary",
+            get(sandboxes::boundary.layer(quick())),
+        )
         .route("/sandboxes/{id}/fork", post(sandboxes::fork.layer(long)))
         .route("/sandboxes/{id}/snapshots", post(sandboxes::snapshot.layer(long)))
         .route("/snapshots", get(sandboxes::list_snapshots.layer(quick())))
@@ -131,6 +136,8 @@ pub fn app(state: AppState) -> Router {
         // Lasts as long as the client listens.
         .route("/sandboxes/{id}/files/watch", get(watch::watch))
         .route("/system", get(system::system.layer(quick())))
+        .route("/storage", get(storage::status.layer(quick())))
+        .route("/storage/gc", post(storage::gc.layer(long)))
         .route(
             "/buckets",
             post(buckets::create.layer(quick())).get(buckets::list.layer(quick())),

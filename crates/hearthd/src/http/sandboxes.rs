@@ -4,8 +4,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use hearth_api::{
-    CreateSandboxRequest, ErrorBody, ForkRequest, ForkResponse, Sandbox, SandboxList, SandboxUsage,
-    SetTimeoutRequest, SnapshotList, SnapshotObject, UsageReport,
+    CreateSandboxRequest, ErrorBody, ForkRequest, ForkResponse, Sandbox, SandboxBoundary, SandboxList,
+    SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject, UsageReport,
 };
 
 use super::AppState;
@@ -219,4 +219,17 @@ pub async fn delete_snapshot(
 ) -> Result<StatusCode, ApiError> {
     st.sandboxes.delete_snapshot(&id)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The sandbox's isolation as the host reports it now: the VMM process (uid, chroot, seccomp, capabilities,
+/// namespaces, cgroup limits), the guest kernel, the enforced egress policy and the mounts (`hearth inspect`).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/boundary", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = SandboxBoundary), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn boundary(
+    State(st): State<AppState>,
+    SandboxId(id): SandboxId,
+) -> Result<Json<SandboxBoundary>, ApiError> {
+    Ok(Json(st.sandboxes.boundary(&id).await?))
 }

@@ -75,6 +75,19 @@ impl Sandboxes {
                 .await?;
             super::pause::guest_sync(&client).await?;
         }
+        let max = self.settings.max_snapshots_per_sandbox;
+        let held = self
+            .db
+            .list_snapshots()?
+            .iter()
+            .filter(|s| s.sandbox_id == id)
+            .count();
+        if held >= max {
+            return Err(ServiceError::CapacityExceeded(format!(
+                "sandbox {id} has {held} snapshots, the most one sandbox may hold (each is a copy of its memory \
+                 and disk); delete some (DELETE /v1/snapshots/{{id}}) or raise --max-snapshots-per-sandbox"
+            )));
+        }
         let parent = self.settings.paths.snapshots_dir();
         std::fs::create_dir_all(&parent)
             .map_err(|e| ServiceError::Internal(format!("creating {}: {e}", parent.display())))?;
@@ -119,6 +132,7 @@ impl Sandboxes {
         // Its restores (forks) mount the same buckets again, with the same export keys.
         self.db.snapshot_mounts(id, &snap_id)?;
         super::integrity::hash_in_background(parent.join(&snap_id), manifest.fingerprinted());
+        self.storage_committed(super::remote::Kind::Snapshot, &snap_id, created, snap.size_bytes);
         tracing::info!(sandbox = %id, snapshot = %snap_id, bytes = snap.size_bytes, "checkpoint taken");
         Ok(to_api(&snap))
     }
@@ -210,6 +224,7 @@ impl Sandboxes {
         {
             tracing::warn!(snapshot = %id, error = %e, "removing the snapshot directory failed");
         }
+        self.storage_deleted(super::remote::Kind::Snapshot, id);
         Ok(())
     }
 }

@@ -137,7 +137,7 @@ pub fn read_hashes(dir: &Path) -> BTreeMap<String, String> {
     serde_json::from_slice(&raw).unwrap_or_default()
 }
 
-fn write_hashes(dir: &Path, hashes: &BTreeMap<String, String>) -> std::io::Result<()> {
+pub(crate) fn write_hashes(dir: &Path, hashes: &BTreeMap<String, String>) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{HASHES}.tmp"));
     let mut f = File::options()
         .write(true)

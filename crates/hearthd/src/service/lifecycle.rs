@@ -273,6 +273,8 @@ impl Sandboxes {
         req: CreateSandboxRequest,
         parent: Option<String>,
     ) -> Result<Sandbox, ServiceError> {
+        // A snapshot or saved template whose local copy is gone comes back from the storage bucket.
+        self.storage_fetch_for_create(&req).await?;
         let plan = self.plan(req)?;
         let admission = self.admit(plan.vcpus, plan.memory_mib)?;
         // A snapshot is checked against its manifest before anything is created from it.
@@ -562,6 +564,7 @@ impl Sandboxes {
         let had_peers = self.networking().is_some() && !self.network_ids_of(id)?.is_empty();
         self.teardown(id, row.handle.as_ref()).await;
         self.db.delete(id)?;
+        self.storage_deleted(super::remote::Kind::Pause, id);
         if had_peers {
             self.network_gone().await;
         }
@@ -719,7 +722,13 @@ impl Sandboxes {
             vmm: self.vmm.kind().as_str().to_string(),
             accel: self.vmm.accel().as_str().to_string(),
             vmm_reason: self.info.reason.clone(),
-            checks: self.info.checks.clone(),
+            checks: self
+                .info
+                .checks
+                .iter()
+                .cloned()
+                .chain(self.storage_check())
+                .collect(),
             capacity: Capacity {
                 host_cpus: u32::try_from(self.host.cpus).unwrap_or(u32::MAX),
                 host_memory_mib: self.host.memory_mib,

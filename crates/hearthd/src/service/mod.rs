@@ -11,12 +11,14 @@
 //! - [`network`]: sandbox networks (namespaces, egress policy, resolver, proxy), private networks, audit log.
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
+//! - [`remote`]: the storage bucket (`--storage`): background uploads, fetches of missing local copies, GC.
 //! - [`templates`]: templates saved from sandboxes (flattened disk, optional memory), listing, deletion.
 //! - [`usage`]: usage reports from the recorded intervals.
 //! - [`watch`]: directory watches in the guest.
 
 pub mod admission;
 pub mod agent;
+pub mod boundary;
 pub mod buckets;
 pub mod exec;
 pub mod files;
@@ -27,6 +29,7 @@ pub mod mounts;
 pub mod network;
 pub mod pause;
 pub mod pty;
+pub mod remote;
 pub mod snapshot;
 pub mod templates;
 pub mod usage;
@@ -127,6 +130,7 @@ impl From<ClientError> for ServiceError {
                     }
                 }
             }
+            e @ ClientError::TooManyStreams(_) => ServiceError::CapacityExceeded(e.to_string()),
             ClientError::RequestTooLarge(m) => {
                 ServiceError::InvalidArgument(format!("request too large: {m}"))
             }
@@ -165,6 +169,8 @@ pub struct Settings {
     pub ready_timeout: Duration,
     /// How long a running sandbox's agent may fail the health watcher's pings before it is marked failed.
     pub agent_unresponsive: Duration,
+    /// Snapshots one sandbox may have at once (`--max-snapshots-per-sandbox`).
+    pub max_snapshots_per_sandbox: usize,
 }
 
 /// The sandboxes of this daemon: the state database, the VMM driver and the live agent connections.
@@ -186,6 +192,8 @@ pub struct Sandboxes {
     pub(crate) buckets: std::sync::OnceLock<buckets::BucketKeys>,
     /// The mount servers of sandboxes with mounted buckets.
     pub(crate) mounts: mounts::MountRuntime,
+    /// The storage bucket, when `--storage` is given ([`Sandboxes::enable_storage`]).
+    pub(crate) storage: std::sync::OnceLock<Arc<remote::Storage>>,
     /// This service itself, for operations that run in their own task.
     me: Weak<Sandboxes>,
 }
@@ -204,6 +212,7 @@ impl Sandboxes {
             admission: Mutex::new(admission::Pending::default()),
             buckets: std::sync::OnceLock::new(),
             mounts: mounts::MountRuntime::default(),
+            storage: std::sync::OnceLock::new(),
             me: me.clone(),
         })
     }

@@ -615,7 +615,7 @@ impl Sandboxes {
             .collect())
     }
 
-    fn networks_of(&self, id: &str) -> Result<Vec<String>, ServiceError> {
+    pub(crate) fn networks_of(&self, id: &str) -> Result<Vec<String>, ServiceError> {
         let names: HashMap<String, String> = self
             .db
             .list_networks()?

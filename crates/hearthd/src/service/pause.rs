@@ -243,6 +243,7 @@ impl Sandboxes {
                 };
                 self.db.commit_pause(id, &paused)?;
                 super::integrity::hash_in_background(dir.join(PAUSED_DIR), large_files);
+                self.storage_committed(super::remote::Kind::Pause, id, now_ms(), paused.size_bytes);
                 self.db
                     .usage_switch(id, Some(UsageKind::Paused), now_ms(), row.vcpus, row.memory_mib)?;
                 if let Some(live) = self.take_live(id) {
@@ -301,6 +302,12 @@ impl Sandboxes {
             return Err(ServiceError::Conflict(format!("sandbox {id} changed state")));
         }
         drop(admission);
+        // With a storage bucket: no upload reads the paused state any more, and a missing one is fetched.
+        if let Err(e) = self.storage_fetch_pause(id, &paused.dir).await {
+            self.db
+                .transition(id, SandboxState::Resuming, SandboxState::Paused)?;
+            return Err(e);
+        }
         let mut handle = None;
         match self.restore_steps(&row, &paused, disk, &mut handle).await {
             Ok((vm, client)) => {

@@ -337,6 +337,12 @@ impl Sandboxes {
             }
             return Err(e.into());
         }
+        self.storage_committed(
+            super::remote::Kind::Template,
+            &name,
+            row.created_at_ms,
+            size_bytes,
+        );
         tracing::info!(template = %name, from = %from, memory = keep_snapshot, "template saved");
         Ok(self.template_api(&row))
     }
@@ -592,6 +598,7 @@ impl Sandboxes {
         {
             tracing::warn!(template = %name, error = %e, "removing the template directory failed");
         }
+        self.storage_deleted(super::remote::Kind::Template, name);
         Ok(())
     }
 }

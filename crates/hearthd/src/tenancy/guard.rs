@@ -37,6 +37,8 @@ struct Ctx {
 fn admin_only(method: &Method, route: &str) -> bool {
     route.starts_with("/v1/keys")
         || route.starts_with("/v1/audit")
+        // The storage bucket is the host's: its status lists every project's objects, GC is host-wide.
+        || route.starts_with("/v1/storage")
         || (route.starts_with("/v1/projects") && *method != Method::GET)
 }
 

@@ -302,6 +302,7 @@ pub fn fixture(connects: usize) -> Fixture {
         default_template: "minimal".into(),
         ready_timeout: Duration::from_secs(5),
         agent_unresponsive: Duration::from_secs(3),
+        max_snapshots_per_sandbox: 64,
     };
     let svc = Sandboxes::new(
         db,

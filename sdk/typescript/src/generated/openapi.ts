@@ -295,6 +295,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/boundary": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The sandbox's isolation as the host reports it now: the VMM process (uid, chroot, seccomp, capabilities,
+         *     namespaces, cgroup limits), the guest kernel, the enforced egress policy and the mounts (`hearth inspect`).
+         */
+        get: operations["boundary"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/commands": {
         parameters: {
             query?: never;
@@ -745,6 +765,43 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/storage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The storage bucket, its health, pending uploads and the objects it holds. */
+        get: operations["status"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/storage/gc": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Runs one garbage-collection pass over the bucket: chunks no manifest references (and older than the grace
+         *     period) are deleted.
+         */
+        post: operations["gc"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/system": {
         parameters: {
             query?: never;
@@ -928,6 +985,26 @@ export interface components {
             sandboxes_running: number;
             /** Format: int32 */
             vcpus_allocated: number;
+        };
+        /**
+         * @description The cgroup the VMM runs in and its limits. `max` means unlimited; a field is absent when its controller is
+         *     not available.
+         */
+        CgroupBoundary: {
+            /** @description CPU bandwidth as `cpu.max` spells it (`QUOTA PERIOD` in microseconds, or `max PERIOD`). */
+            cpu_max?: string | null;
+            /** Format: int64 */
+            memory_current_bytes?: number | null;
+            memory_max?: string | null;
+            /** @description The path below the hierarchy's root (memory controller's on v1). */
+            path: string;
+            /** Format: int64 */
+            pids_current?: number | null;
+            pids_max?: string | null;
+            /** @description True when the VMM is in the daemon's own cgroup (no per-sandbox limits). */
+            shared_with_daemon: boolean;
+            /** @description `v1` or `v2`. */
+            version: string;
         };
         /** @description One finding of the host probe. */
         Check: {
@@ -1159,7 +1236,7 @@ export interface components {
          * @description Stable machine-readable error codes. Clients match on these, never on messages.
          * @enum {string}
          */
-        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "forbidden" | "quota_exceeded" | "rate_limited" | "internal" | "unknown";
+        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "forbidden" | "quota_exceeded" | "rate_limited" | "storage_corrupt" | "storage_unavailable" | "internal" | "unknown";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -1207,6 +1284,18 @@ export interface components {
             sandboxes: components["schemas"]["Sandbox"][];
             /** @description The snapshot the children were restored from. */
             snapshot_id: string;
+        };
+        /** @description What the guest runs on. */
+        GuestBoundary: {
+            /**
+             * @description The guest kernel's release, as the guest reports it (`/proc/sys/kernel/osrelease`); absent when the
+             *     sandbox is not running.
+             */
+            kernel?: string | null;
+            /** Format: int32 */
+            memory_mib: number;
+            /** Format: int32 */
+            vcpus: number;
         };
         /** @description Answer of `GET /v1/keys`. */
         KeyList: {
@@ -1259,11 +1348,30 @@ export interface components {
             /** @description Refuse every change (enforced on the host: writes fail with EROFS). Default false. */
             read_only?: boolean | null;
         };
+        /** @description One namespace of the VMM process. */
+        NamespaceInfo: {
+            /** @description The namespace's identity (`net:[4026531840]`). */
+            id: string;
+            /** @description `net`, `pid`, `mnt`, `ipc`, `uts`, `user`. */
+            kind: string;
+            /** @description True when the daemon is in the same one (no isolation of that kind). */
+            shared_with_daemon: boolean;
+        };
         /**
          * @description Transport protocol of an egress attempt.
          * @enum {string}
          */
         NetProtocol: "tcp" | "udp" | "icmp" | "dns" | "other";
+        /** @description The sandbox's network as the daemon enforces it. */
+        NetworkBoundary: {
+            /** @description The guest's address inside its own namespace's link. */
+            address?: string | null;
+            egress?: components["schemas"]["EgressPolicy"] | null;
+            /** @description False when the sandbox has no network device at all. */
+            enabled: boolean;
+            /** @description Private networks the sandbox is a member of (ids). */
+            private_networks: string[];
+        };
         /** @description A private network. */
         NetworkInfo: {
             /** @description RFC 3339 UTC. */
@@ -1455,6 +1563,16 @@ export interface components {
             /** @description VMM driving this sandbox (`qemu` or `firecracker`). */
             vmm: string;
         };
+        /** @description The boundary of one sandbox. */
+        SandboxBoundary: {
+            guest: components["schemas"]["GuestBoundary"];
+            /** @description Guest paths where buckets are mounted (served by the host; credentials stay on the host). */
+            mounts: components["schemas"]["Mount"][];
+            network: components["schemas"]["NetworkBoundary"];
+            sandbox_id: string;
+            state: components["schemas"]["SandboxState"];
+            vmm?: components["schemas"]["VmmProcess"] | null;
+        };
         /** @description Body of `GET /v1/sandboxes`: one page, in id order. */
         SandboxList: {
             /** @description Present when more sandboxes match: pass it as `cursor` to get the next page. */
@@ -1541,6 +1659,86 @@ export interface components {
             template: string;
             /** Format: int32 */
             vcpus: number;
+        };
+        /** @description Body of `POST /v1/storage/gc`: one garbage-collection pass over the bucket. */
+        StorageGcReport: {
+            /** Format: int64 */
+            chunk_bytes_after: number;
+            /** Format: int64 */
+            chunks: number;
+            /**
+             * Format: int64
+             * @description Chunks in the bucket after the pass and the bytes they hold.
+             */
+            chunks_after: number;
+            /** Format: int64 */
+            deleted: number;
+            /** Format: int64 */
+            deleted_bytes: number;
+            /**
+             * Format: int64
+             * @description Unreferenced chunks kept because they are younger than the grace period.
+             */
+            kept_young: number;
+            /** Format: int64 */
+            objects: number;
+            /** Format: int64 */
+            referenced: number;
+        };
+        /** @description Body of `GET /v1/storage`: the storage bucket (`hearthd --storage`), its health and what it holds. */
+        StorageStatus: {
+            /** Format: int64 */
+            bytes_downloaded: number;
+            /**
+             * Format: int64
+             * @description Bytes sent to and fetched from the bucket since the daemon started.
+             */
+            bytes_uploaded: number;
+            /** @description Chunks are encrypted client-side (`--storage-key`). */
+            encrypted: boolean;
+            /** @description The endpoint when not AWS (MinIO, R2, ...). */
+            endpoint?: string | null;
+            /** @description `ok` when the last bucket request succeeded, `unavailable` after a failed one. */
+            health: string;
+            last_error?: string | null;
+            objects: components["schemas"]["StoredObject"][];
+            /**
+             * Format: int32
+             * @description Objects deleted locally whose remote copy is still to be removed.
+             */
+            pending_deletes: number;
+            /**
+             * Format: int32
+             * @description Objects whose newest local version is not in the bucket yet.
+             */
+            pending_uploads: number;
+            /** @description `s3://BUCKET/PREFIX`. */
+            url: string;
+        };
+        /** @description One paused sandbox, snapshot or template and where it lives. */
+        StoredObject: {
+            /** Format: int32 */
+            attempts: number;
+            /** @description `pause`, `snapshot` or `template`. */
+            kind: string;
+            last_error?: string | null;
+            /** @description `local`, `remote` or `both`. */
+            location: string;
+            /** @description Its name in the bucket (`sandboxes/<id>/pause`, `snapshots/<id>`, `templates/<name>`). */
+            name: string;
+            /** @description The sandbox id, snapshot id or template name. */
+            owner: string;
+            /**
+             * Format: int64
+             * @description Bytes the last upload actually sent (chunks the bucket did not have yet).
+             */
+            sent_bytes: number;
+            /** Format: int64 */
+            size_bytes: number;
+            /** @description `pending`, `synced` or `deleting`. */
+            sync: string;
+            /** @description RFC 3339, when the bucket got this version. */
+            synced_at?: string | null;
         };
         /** @description Body of `GET /v1/system`: which VMM the daemon uses and why, and what the host can hold. */
         SystemInfo: {
@@ -1632,6 +1830,39 @@ export interface components {
             sandboxes: components["schemas"]["SandboxUsage"][];
             /** @description RFC 3339 end of the window. */
             to: string;
+        };
+        /** @description The process that runs a sandbox's VM. */
+        VmmProcess: {
+            /** @description `kvm` or `tcg`. */
+            accel: string;
+            /** @description `/proc/<pid>/exe`. */
+            binary: string;
+            /** @description Effective capabilities (`CapEff:`, hex); `0000000000000000` is none. */
+            capabilities: string;
+            /** @description The VMM's cgroup and its limits, read from cgroupfs. */
+            cgroup: components["schemas"]["CgroupBoundary"];
+            gids: number[];
+            /** @description `qemu` or `firecracker`. */
+            kind: string;
+            /** @description The namespaces the VMM is in, and whether each is the daemon's own. */
+            namespaces: components["schemas"]["NamespaceInfo"][];
+            no_new_privs: boolean;
+            /** Format: int32 */
+            pid: number;
+            /** @description The process's root directory (`/proc/<pid>/root`): `/` unless chrooted. */
+            root: string;
+            /** Format: int64 */
+            rss_bytes: number;
+            /** @description `disabled`, `strict` or `filter` (`Seccomp:`), and how many filters are installed. */
+            seccomp: string;
+            /** Format: int32 */
+            seccomp_filters: number;
+            /** Format: int32 */
+            threads: number;
+            /** @description Real, effective, saved and filesystem uids (`/proc/<pid>/status`). */
+            uids: number[];
+            /** @description The VMM's version as its binary reported it at daemon start. */
+            version: string;
         };
         /**
          * @description One event of a directory watch (`GET .../files/watch`, server-sent events). The SSE `event:` name is the
@@ -2528,6 +2759,36 @@ export interface operations {
             };
             /** @description Still being created */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    boundary: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SandboxBoundary"];
+                };
+            };
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3873,6 +4134,74 @@ export interface operations {
             };
             /** @description Sandboxes use it */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    status: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StorageStatus"];
+                };
+            };
+            /** @description No storage bucket is configured */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    gc: {
+        parameters: {
+            query?: {
+                /** @description Keep unreferenced chunks younger than this many seconds (default: `--storage-gc-grace-s`). */
+                grace_s?: number | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StorageGcReport"];
+                };
+            };
+            /** @description No storage bucket is configured */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `storage_unavailable` */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

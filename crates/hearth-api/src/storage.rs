@@ -1,0 +1,67 @@
+use serde::{Deserialize, Serialize};
+
+/// Body of `GET /v1/storage`: the storage bucket (`hearthd --storage`), its health and what it holds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct StorageStatus {
+    /// `s3://BUCKET/PREFIX`.
+    pub url: String,
+    /// The endpoint when not AWS (MinIO, R2, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Chunks are encrypted client-side (`--storage-key`).
+    pub encrypted: bool,
+    /// `ok` when the last bucket request succeeded, `unavailable` after a failed one.
+    pub health: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Objects whose newest local version is not in the bucket yet.
+    pub pending_uploads: u32,
+    /// Objects deleted locally whose remote copy is still to be removed.
+    pub pending_deletes: u32,
+    /// Bytes sent to and fetched from the bucket since the daemon started.
+    pub bytes_uploaded: u64,
+    pub bytes_downloaded: u64,
+    pub objects: Vec<StoredObject>,
+}
+
+/// One paused sandbox, snapshot or template and where it lives.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct StoredObject {
+    /// Its name in the bucket (`sandboxes/<id>/pause`, `snapshots/<id>`, `templates/<name>`).
+    pub name: String,
+    /// `pause`, `snapshot` or `template`.
+    pub kind: String,
+    /// The sandbox id, snapshot id or template name.
+    pub owner: String,
+    /// `pending`, `synced` or `deleting`.
+    pub sync: String,
+    /// `local`, `remote` or `both`.
+    pub location: String,
+    pub size_bytes: u64,
+    /// Bytes the last upload actually sent (chunks the bucket did not have yet).
+    pub sent_bytes: u64,
+    /// RFC 3339, when the bucket got this version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced_at: Option<String>,
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// Body of `POST /v1/storage/gc`: one garbage-collection pass over the bucket.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct StorageGcReport {
+    pub objects: u64,
+    pub chunks: u64,
+    pub referenced: u64,
+    pub deleted: u64,
+    pub deleted_bytes: u64,
+    /// Unreferenced chunks kept because they are younger than the grace period.
+    pub kept_young: u64,
+    /// Chunks in the bucket after the pass and the bytes they hold.
+    pub chunks_after: u64,
+    pub chunk_bytes_after: u64,
+}

@@ -1,0 +1,787 @@
+//! The storage bucket (`hearthd --storage s3://BUCKET/PREFIX`): the durable home of paused sandboxes, snapshots
+//! and saved templates, with local disk as the working copy. Chunking, verification, GC and encryption are
+//! hearth-store's; this module decides what goes there and when.
+//!
+//! - Start: [`open`] probes the bucket (list, write, read, list, delete) and opens the store; the daemon refuses
+//!   to start when that fails, naming the step and the reason (no such bucket, access denied, unreachable).
+//! - Upload: a committed pause (`sandboxes/<id>/pause`: the `paused` directory as written, plus the sandbox's
+//!   own disk as `sandbox-disk`), checkpoint (`snapshots/<id>`: its directory) or template
+//!   (`templates/<name>`: its directory) gets a `pending` row in `remote_objects` ([`crate::db::remote`]);
+//!   [`worker`] uploads pending rows in the background ([`UPLOADS`] at a time), retrying failures with growing
+//!   waits, and marks them `synced`. Rows survive restarts, so uploads resume. Nothing waits for the bucket:
+//!   a pause commits locally first, and an outage leaves rows `pending` until the bucket answers again.
+//!   Large snapshot files are uploaded with their content hashes (`hashes.json`) so a fetched copy verifies.
+//! - Fetch: a resume, a create from a snapshot or a template whose local directory is gone fetches it
+//!   ([`Sandboxes::storage_fetch_pause`], [`Sandboxes::storage_fetch_for_create`]); hearth-store checks every
+//!   chunk, and a bad one is a `storage_corrupt` error naming the object, with nothing written locally.
+//! - Delete: destroying a sandbox, deleting a snapshot or template turns its row `deleting`; the worker removes
+//!   the manifest, and the periodic GC pass ([`gc_loop`]) removes chunks no manifest references any more.
+//!
+//! A resume may write into its paused memory file, so it first cancels an upload of that pause in flight (the
+//! manifest is written last: a cancelled upload commits nothing) and a later upload finds the sandbox running
+//! and drops the row.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hearth_api::{Check, ErrorCode, SandboxState, StorageGcReport, StorageStatus, StoredObject};
+use hearth_store::{FileSource, GcOptions, PutOptions, Store, StoreConfig, StoreError, StoreKey};
+use tokio::time::Instant;
+
+use super::integrity;
+use super::lifecycle::rfc3339;
+use super::snapshot;
+use super::{Sandboxes, ServiceError, now_ms};
+use crate::db::remote::{RemoteRow, RemoteState};
+
+/// Uploads (and remote deletes) in flight at once; each keeps hearth-store's own requests in flight.
+pub const UPLOADS: usize = 2;
+/// Requests in flight within one upload or download (2-core hosts; the bucket is usually remote).
+const CONCURRENCY: usize = 8;
+/// Longest wait between two attempts at one object.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often the worker looks for due rows without being woken.
+const TICK: Duration = Duration::from_secs(2);
+/// How long an upload waits for the background hashing of a snapshot's large files before hashing them itself.
+const HASH_WAIT: Duration = Duration::from_secs(30);
+/// The sandbox's own disk inside a pause object.
+const SANDBOX_DISK: &str = "sandbox-disk";
+
+/// What kind of local thing an object is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Pause,
+    Snapshot,
+    Template,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Pause => "pause",
+            Kind::Snapshot => "snapshot",
+            Kind::Template => "template",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Kind> {
+        match s {
+            "pause" => Some(Kind::Pause),
+            "snapshot" => Some(Kind::Snapshot),
+            "template" => Some(Kind::Template),
+            _ => None,
+        }
+    }
+
+    /// The object's name in the store (owners are validated ids and template names: `[a-z0-9_-]`).
+    fn object(self, owner: &str) -> String {
+        match self {
+            Kind::Pause => format!("sandboxes/{owner}/pause"),
+            Kind::Snapshot => format!("snapshots/{owner}"),
+            Kind::Template => format!("templates/{owner}"),
+        }
+    }
+}
+
+/// Storage settings from the flags.
+#[derive(Debug, Clone)]
+pub struct StorageSettings {
+    pub url: String,
+    pub key_file: Option<PathBuf>,
+    pub gc_interval: Duration,
+    pub gc_grace: Duration,
+}
+
+/// Why the storage could not be opened at start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("--storage: {0}")]
+    Config(#[from] hearth_store::ConfigError),
+    #[error("--storage {url}: the bucket check failed at step {step:?}: {kind}: {detail}")]
+    Probe {
+        url: String,
+        step: hearth_store::ProbeStep,
+        kind: &'static str,
+        detail: hearth_store::RemoteError,
+    },
+    #[error("--storage {url}: {source}")]
+    Open { url: String, source: StoreError },
+}
+
+/// The open storage and the worker's bookkeeping.
+pub struct Storage {
+    store: Store,
+    url: String,
+    settings: StorageSettings,
+    wake: tokio::sync::Notify,
+    /// Uploads and deletes in flight, by object name.
+    running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// When an object that failed may be tried again.
+    backoff: Mutex<HashMap<String, Instant>>,
+    /// Serialises fetches of one object (forks of one snapshot start together).
+    fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    last_error: Mutex<Option<String>>,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+}
+
+fn kind_name(kind: hearth_store::RemoteErrorKind) -> &'static str {
+    use hearth_store::RemoteErrorKind as K;
+    match kind {
+        K::NoSuchBucket => "no such bucket",
+        K::AccessDenied => "access denied",
+        K::Unreachable => "endpoint unreachable",
+        K::ClockSkew => "clock skew",
+        K::Unavailable => "server unavailable",
+        K::Other => "request failed",
+    }
+}
+
+/// Probes the bucket and opens the store. Any failure stops the daemon's start with the reason.
+pub async fn open(settings: StorageSettings) -> Result<Storage, OpenError> {
+    let mut config = StoreConfig::from_url(&settings.url)?;
+    if let Some(path) = &settings.key_file {
+        config.key = Some(StoreKey::from_file(path)?);
+    }
+    config.concurrency = CONCURRENCY;
+    config.max_retries = 3;
+    config.retry_timeout = Duration::from_secs(20);
+    let url = settings.url.clone();
+    hearth_store::probe(&config).await.map_err(|e| OpenError::Probe {
+        url: url.clone(),
+        step: e.step,
+        kind: kind_name(e.kind()),
+        detail: e.source,
+    })?;
+    let store = Store::open(config).await.map_err(|source| OpenError::Open {
+        url: url.clone(),
+        source,
+    })?;
+    tracing::info!(storage = %url, encrypted = settings.key_file.is_some(), "storage bucket checked");
+    Ok(Storage {
+        store,
+        url,
+        settings,
+        wake: tokio::sync::Notify::new(),
+        running: Mutex::default(),
+        backoff: Mutex::default(),
+        fetching: Mutex::default(),
+        last_error: Mutex::default(),
+        bytes_up: AtomicU64::new(0),
+        bytes_down: AtomicU64::new(0),
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Storage {
+    fn healthy(&self) {
+        *lock(&self.last_error) = None;
+    }
+
+    fn unhealthy(&self, e: &StoreError) {
+        if e.is_retryable() || matches!(e, StoreError::Remote(_)) {
+            *lock(&self.last_error) = Some(e.to_string());
+        }
+    }
+
+    fn is_running(&self, name: &str) -> bool {
+        lock(&self.running).get(name).is_some_and(|h| !h.is_finished())
+    }
+
+    /// Stops an upload or delete of `name` in flight and waits (briefly) until its task is gone.
+    async fn cancel(&self, name: &str) {
+        let handle = lock(&self.running).remove(name);
+        if let Some(h) = handle {
+            h.abort();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !h.is_finished() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tracing::debug!(object = %name, "storage upload cancelled");
+        }
+    }
+
+    fn fetch_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = lock(&self.fetching);
+        locks.retain(|_, l| Arc::strong_count(l) > 1);
+        locks.entry(name.to_string()).or_default().clone()
+    }
+}
+
+/// A store error as the API shows it: the object is named by hearth-store's message.
+fn fetch_error(e: StoreError) -> ServiceError {
+    match e {
+        StoreError::ChunkMissing { .. }
+        | StoreError::ChunkCorrupt { .. }
+        | StoreError::ManifestCorrupt { .. }
+        | StoreError::NotFound(_)
+        | StoreError::InvalidFileName { .. } => ServiceError::Typed(ErrorCode::StorageCorrupt, e.to_string()),
+        StoreError::Remote(_) => ServiceError::Typed(ErrorCode::StorageUnavailable, e.to_string()),
+        other => ServiceError::Internal(format!("storage: {other}")),
+    }
+}
+
+/// The regular files of `dir` (not temporaries), as upload sources named after themselves.
+fn dir_files(dir: &Path) -> std::io::Result<Vec<FileSource>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !entry.file_type()?.is_file() {
+            continue;
+        }
+        files.push(FileSource::new(name, entry.path()));
+    }
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(files)
+}
+
+/// Makes sure `hashes.json` covers every fingerprinted file of the snapshot in `dir`, so that a copy fetched
+/// into new inodes still verifies: waits for the background hashing, then hashes what is left itself.
+async fn complete_hashes(dir: PathBuf) -> std::io::Result<()> {
+    let raw = match std::fs::read(dir.join(snapshot::MANIFEST)) {
+        Ok(raw) => raw,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let manifest: snapshot::Manifest = serde_json::from_slice(&raw).map_err(std::io::Error::other)?;
+    let wanted = manifest.fingerprinted();
+    let deadline = Instant::now() + HASH_WAIT;
+    loop {
+        let have = integrity::read_hashes(&dir);
+        if wanted.iter().all(|(n, _)| have.contains_key(n)) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::task::spawn_blocking(move || {
+        let mut hashes = integrity::read_hashes(&dir);
+        for (name, sealed) in wanted {
+            if hashes.contains_key(&name) {
+                continue;
+            }
+            let path = dir.join(&name);
+            let unchanged =
+                || std::fs::symlink_metadata(&path).is_ok_and(|m| integrity::Fingerprint::of(&m) == sealed);
+            if !unchanged() {
+                return Err(std::io::Error::other(format!(
+                    "{name} changed since the snapshot was sealed"
+                )));
+            }
+            let h = integrity::content_hash(&path)?;
+            if !unchanged() {
+                return Err(std::io::Error::other(format!(
+                    "{name} changed while it was hashed"
+                )));
+            }
+            hashes.insert(name, h);
+        }
+        integrity::write_hashes(&dir, &hashes)
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// What one attempt at a row came to.
+enum Outcome {
+    /// The bucket holds the version (upload) or no longer holds the object (delete).
+    Done { sent: u64, digest: String },
+    /// The local copy is gone or replaced (resumed, destroyed): nothing to upload, and an older remote
+    /// version is stale.
+    Gone,
+}
+
+impl Sandboxes {
+    /// Turns the storage bucket on (before recovery, so that what recovery does is recorded).
+    pub fn enable_storage(&self, storage: Storage) {
+        if self.storage.set(Arc::new(storage)).is_err() {
+            tracing::warn!("storage enabled twice; keeping the first");
+        }
+    }
+
+    pub(crate) fn storage(&self) -> Option<&Arc<Storage>> {
+        self.storage.get()
+    }
+
+    /// Records that `owner`'s local copy of `kind` was committed (`version`: its commit time) and wakes the
+    /// uploader. Never fails the caller: the worst case is a copy that stays local only, with a log line.
+    pub(crate) fn storage_committed(&self, kind: Kind, owner: &str, version: i64, size_bytes: u64) {
+        let Some(st) = self.storage() else { return };
+        let name = kind.object(owner);
+        match self
+            .db
+            .remote_pending(&name, kind.as_str(), owner, version, size_bytes, now_ms())
+        {
+            Ok(()) => {
+                lock(&st.backoff).remove(&name);
+                st.wake.notify_one();
+            }
+            Err(e) => tracing::error!(object = %name, error = %e, "recording a pending upload"),
+        }
+    }
+
+    /// Records that `owner`'s `kind` is gone locally: its remote object is removed in the background.
+    pub(crate) fn storage_deleted(&self, kind: Kind, owner: &str) {
+        let Some(st) = self.storage().cloned() else { return };
+        let name = kind.object(owner);
+        // No row: the bucket never got (or already lost) this object.
+        if !matches!(self.db.remote_get(&name), Ok(Some(_))) {
+            return;
+        }
+        if let Some(h) = lock(&st.running).remove(&name) {
+            h.abort();
+        }
+        match self.db.remote_deleting(&name, kind.as_str(), owner, now_ms()) {
+            Ok(()) => {
+                lock(&st.backoff).remove(&name);
+                st.wake.notify_one();
+            }
+            Err(e) => tracing::error!(object = %name, error = %e, "recording a remote delete"),
+        }
+    }
+
+    /// Before a resume: stops an upload of this pause in flight (the resumed guest may write into the memory
+    /// file), and fetches the paused state from the bucket when its local copy is gone.
+    pub(crate) async fn storage_fetch_pause(&self, id: &str, paused_dir: &str) -> Result<(), ServiceError> {
+        let Some(st) = self.storage().cloned() else {
+            return Ok(());
+        };
+        let name = Kind::Pause.object(id);
+        st.cancel(&name).await;
+        // The disk's base (a snapshot's disk copy, a saved template's image) may be gone too.
+        let row = self.row(id)?;
+        let bases = hearth_api::CreateSandboxRequest {
+            template: Some(row.template.clone()),
+            snapshot: row.snapshot_id.clone(),
+            ..Default::default()
+        };
+        self.storage_fetch_for_create(&bases).await?;
+        let sandbox_dir = self.settings.paths.sandbox_dir(id);
+        let dest = sandbox_dir.join(paused_dir);
+        if dest.exists() {
+            return Ok(());
+        }
+        let synced = self
+            .db
+            .remote_get(&name)?
+            .is_some_and(|r| r.state == RemoteState::Synced);
+        if !synced {
+            return Err(ServiceError::Typed(
+                ErrorCode::StorageUnavailable,
+                format!(
+                    "the paused state of sandbox {id} is not on this host and was not uploaded (sync pending)"
+                ),
+            ));
+        }
+        let disk = row
+            .disk
+            .ok_or_else(|| ServiceError::Internal(format!("sandbox {id} has no disk recorded")))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .create(&sandbox_dir)
+            .map_err(|e| ServiceError::Internal(format!("creating {}: {e}", sandbox_dir.display())))?;
+        let tmp = sandbox_dir.join(".fetch-pause");
+        let _ = std::fs::remove_dir_all(&tmp);
+        self.fetch_into(&st, &name, &tmp).await?;
+        let moved = (|| {
+            let fetched_disk = tmp.join(SANDBOX_DISK);
+            if fetched_disk.exists() {
+                if let Some(parent) = disk.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::rename(&fetched_disk, &disk)?;
+            }
+            std::fs::rename(&tmp, &dest)?;
+            std::fs::File::open(&sandbox_dir)?.sync_all()
+        })();
+        if let Err(e) = moved {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(ServiceError::Internal(format!(
+                "placing the fetched pause of {id}: {e}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Before a create: fetches the snapshot or saved template it starts from when the local copy is gone.
+    pub(crate) async fn storage_fetch_for_create(
+        &self,
+        req: &hearth_api::CreateSandboxRequest,
+    ) -> Result<(), ServiceError> {
+        let Some(st) = self.storage().cloned() else {
+            return Ok(());
+        };
+        let mut snapshot = req.snapshot.clone();
+        if let Some(t) = &req.template
+            && hearth_api::is_valid_template_name(t)
+            && let Some(row) = self.db.get_template(t)?
+        {
+            let dir = self.settings.paths.user_templates_dir().join(t);
+            if !dir.exists() {
+                std::fs::create_dir_all(self.settings.paths.user_templates_dir())
+                    .map_err(|e| ServiceError::Internal(format!("templates directory: {e}")))?;
+                self.fetch_once(&st, Kind::Template, t, &dir).await?;
+            }
+            snapshot = snapshot.or(row.snapshot_id);
+        }
+        if let Some(s) = snapshot
+            && hearth_api::is_valid_snapshot_id(&s)
+            && self.db.get_snapshot(&s)?.is_some()
+        {
+            let dir = self.settings.paths.snapshot_dir(&s);
+            if !dir.exists() {
+                std::fs::create_dir_all(self.settings.paths.snapshots_dir())
+                    .map_err(|e| ServiceError::Internal(format!("snapshots directory: {e}")))?;
+                self.fetch_once(&st, Kind::Snapshot, &s, &dir).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetches `owner`'s `kind` into `dest` unless a concurrent fetch already did.
+    async fn fetch_once(
+        &self,
+        st: &Arc<Storage>,
+        kind: Kind,
+        owner: &str,
+        dest: &Path,
+    ) -> Result<(), ServiceError> {
+        let name = kind.object(owner);
+        let lock = st.fetch_lock(&name);
+        let _guard = lock.lock().await;
+        if dest.exists() {
+            return Ok(());
+        }
+        self.fetch_into(st, &name, dest).await
+    }
+
+    async fn fetch_into(&self, st: &Storage, name: &str, dest: &Path) -> Result<(), ServiceError> {
+        let started = Instant::now();
+        // Only the version this host (or another sharing its state database) committed comes back: the bucket
+        // may be writable by others, and these files are handed to a VMM (a qcow2 header names files to open).
+        let pinned = self.db.remote_get(name)?.and_then(|r| r.manifest_digest);
+        let Some(pinned) = pinned else {
+            return Err(ServiceError::Typed(
+                ErrorCode::StorageUnavailable,
+                format!("{name} has no committed version recorded on this host; it is not fetched"),
+            ));
+        };
+        match st.store.get_object_pinned(name, dest, None, Some(&pinned)).await {
+            Ok(stats) => {
+                st.healthy();
+                st.bytes_down.fetch_add(stats.downloaded_bytes, Ordering::Relaxed);
+                metrics::counter!("hearth_storage_bytes_downloaded_total").increment(stats.downloaded_bytes);
+                tracing::info!(object = %name, bytes = stats.total_bytes, downloaded = stats.downloaded_bytes,
+                    secs = started.elapsed().as_secs_f64(), "fetched from the storage bucket");
+                Ok(())
+            }
+            Err(e) => {
+                st.unhealthy(&e);
+                tracing::warn!(object = %name, error = %e, "fetch from the storage bucket failed");
+                Err(fetch_error(e))
+            }
+        }
+    }
+
+    /// One attempt at a pending or deleting row.
+    async fn storage_attempt(&self, st: &Storage, row: &RemoteRow) -> Result<Outcome, StoreError> {
+        if row.state == RemoteState::Deleting {
+            st.store.delete_object(&row.name).await?;
+            return Ok(Outcome::Done {
+                sent: 0,
+                digest: String::new(),
+            });
+        }
+        let Some(kind) = Kind::parse(&row.kind) else {
+            return Ok(Outcome::Gone);
+        };
+        let io = |path: &Path, e: std::io::Error| StoreError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        };
+        let (dir, extra) = match kind {
+            Kind::Pause => {
+                let Ok(Some(sbx)) = self.db.get(&row.owner) else {
+                    return Ok(Outcome::Gone);
+                };
+                let Some(paused) = sbx.paused.filter(|_| sbx.state == SandboxState::Paused) else {
+                    return Ok(Outcome::Gone);
+                };
+                let disk = sbx.disk.map(|d| FileSource::new(SANDBOX_DISK, d));
+                (self.settings.paths.sandbox_dir(&row.owner).join(paused.dir), disk)
+            }
+            Kind::Snapshot => (self.settings.paths.snapshot_dir(&row.owner), None),
+            Kind::Template => (self.settings.paths.user_templates_dir().join(&row.owner), None),
+        };
+        if !dir.is_dir() {
+            return Ok(Outcome::Gone);
+        }
+        complete_hashes(dir.clone()).await.map_err(|e| io(&dir, e))?;
+        let mut files = dir_files(&dir).map_err(|e| io(&dir, e))?;
+        files.extend(extra);
+        let metadata = serde_json::json!({"kind": row.kind, "owner": row.owner, "version": row.version});
+        let opts = PutOptions {
+            metadata: Some(metadata),
+            progress: None,
+        };
+        let stats = st.store.put_object(&row.name, &files, opts).await?;
+        metrics::counter!("hearth_storage_chunks_uploaded_total").increment(stats.chunks_uploaded);
+        metrics::counter!("hearth_storage_chunk_hits_total").increment(stats.chunk_hits);
+        tracing::info!(object = %row.name, total = stats.total_bytes, uploaded = stats.uploaded_bytes,
+            chunks_uploaded = stats.chunks_uploaded, chunk_hits = stats.chunk_hits, "uploaded to the storage bucket");
+        Ok(Outcome::Done {
+            sent: stats.uploaded_bytes,
+            digest: stats.manifest_digest,
+        })
+    }
+
+    async fn storage_run(&self, st: &Storage, row: RemoteRow) {
+        let result = self.storage_attempt(st, &row).await;
+        let now = now_ms();
+        let recorded = match (result, row.state) {
+            (Ok(Outcome::Done { .. }), RemoteState::Deleting) => {
+                st.healthy();
+                tracing::info!(object = %row.name, "removed from the storage bucket");
+                self.db
+                    .remote_forget(&row.name, RemoteState::Deleting)
+                    .map(|_| ())
+            }
+            (Ok(Outcome::Done { sent, digest }), _) => {
+                st.healthy();
+                st.bytes_up.fetch_add(sent, Ordering::Relaxed);
+                metrics::counter!("hearth_storage_bytes_uploaded_total").increment(sent);
+                self.db
+                    .remote_synced(&row.name, row.version, sent, &digest, now)
+                    .map(|_| ())
+            }
+            // The local copy was consumed (resumed) or removed: an older remote version is stale, remove it too.
+            (Ok(Outcome::Gone), _) => self.db.remote_deleting(&row.name, &row.kind, &row.owner, now),
+            (Err(e), _) => {
+                st.unhealthy(&e);
+                metrics::counter!("hearth_storage_errors_total").increment(1);
+                let wait = MAX_BACKOFF.min(Duration::from_millis(500) * 2u32.pow(row.attempts.min(6)));
+                tracing::warn!(object = %row.name, error = %e, retry_in_s = wait.as_secs_f64(),
+                    "storage bucket: will try again");
+                lock(&st.backoff).insert(row.name.clone(), Instant::now() + wait);
+                self.db.remote_failed(&row.name, &e.to_string(), now)
+            }
+        };
+        if let Err(e) = recorded {
+            tracing::error!(object = %row.name, error = %e, "recording a storage result");
+        }
+    }
+
+    /// Starts the rows that are due, up to [`UPLOADS`] at a time.
+    fn storage_start_due(&self, st: &Arc<Storage>) -> Result<(), ServiceError> {
+        let rows = self.db.remote_list()?;
+        let waiting = rows.iter().filter(|r| r.state != RemoteState::Synced).count();
+        metrics::gauge!("hearth_storage_pending_objects").set(waiting as f64);
+        let now = Instant::now();
+        for row in rows {
+            if row.state == RemoteState::Synced || st.is_running(&row.name) {
+                continue;
+            }
+            if lock(&st.running).values().filter(|h| !h.is_finished()).count() >= UPLOADS {
+                break;
+            }
+            if lock(&st.backoff).get(&row.name).is_some_and(|t| *t > now) {
+                continue;
+            }
+            // A pause being resumed is left alone (the resume cancelled its upload, and may consume it).
+            if row.kind == Kind::Pause.as_str()
+                && row.state == RemoteState::Pending
+                && self
+                    .db
+                    .get(&row.owner)?
+                    .is_some_and(|s| s.state == SandboxState::Resuming)
+            {
+                continue;
+            }
+            let this = self.arc()?;
+            let st2 = st.clone();
+            let name = row.name.clone();
+            let task = tokio::spawn(async move {
+                this.storage_run(&st2, row).await;
+                st2.wake.notify_one();
+            });
+            lock(&st.running).insert(name, task.abort_handle());
+        }
+        lock(&st.running).retain(|_, h| !h.is_finished());
+        Ok(())
+    }
+
+    /// One GC pass now (also `POST /v1/storage/gc`).
+    pub async fn storage_gc(&self, grace: Option<Duration>) -> Result<StorageGcReport, ServiceError> {
+        let st = self.storage_required()?;
+        let opts = GcOptions {
+            grace: grace.unwrap_or(st.settings.gc_grace),
+            ..GcOptions::default()
+        };
+        // hearth-store's GC future is not `Send` for every lifetime (a closure over listed metadata), so the pass
+        // runs on a blocking thread driving it on this runtime.
+        let store = st.store.clone();
+        let runtime = tokio::runtime::Handle::current();
+        let pass = tokio::task::spawn_blocking(move || {
+            runtime.block_on(async {
+                let report = store.gc(&opts).await?;
+                let usage = store.usage().await?;
+                Ok::<_, StoreError>((report, usage))
+            })
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(format!("storage GC task: {e}")))?;
+        let (report, usage) = pass.map_err(|e| {
+            st.unhealthy(&e);
+            fetch_error(e)
+        })?;
+        tracing::info!(
+            deleted = report.deleted,
+            bytes = report.deleted_bytes,
+            kept_young = report.kept_young,
+            chunks_after = usage.chunks,
+            "storage GC pass"
+        );
+        let n = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+        Ok(StorageGcReport {
+            objects: n(report.objects),
+            chunks: n(report.chunks),
+            referenced: n(report.referenced),
+            deleted: n(report.deleted),
+            deleted_bytes: report.deleted_bytes,
+            kept_young: n(report.kept_young),
+            chunks_after: n(usage.chunks),
+            chunk_bytes_after: usage.chunk_bytes,
+        })
+    }
+
+    fn storage_required(&self) -> Result<Arc<Storage>, ServiceError> {
+        self.storage().cloned().ok_or_else(|| {
+            ServiceError::Conflict(
+                "no storage bucket is configured (hearthd --storage s3://BUCKET/PREFIX)".into(),
+            )
+        })
+    }
+
+    /// `GET /v1/storage`.
+    pub fn storage_status(&self) -> Result<StorageStatus, ServiceError> {
+        let st = self.storage_required()?;
+        let rows = self.db.remote_list()?;
+        let objects = rows.iter().map(|r| self.stored_object(r)).collect();
+        let count =
+            |s: RemoteState| u32::try_from(rows.iter().filter(|r| r.state == s).count()).unwrap_or(u32::MAX);
+        let last_error = lock(&st.last_error).clone();
+        Ok(StorageStatus {
+            url: st.url.clone(),
+            endpoint: st.store.config().endpoint.clone(),
+            encrypted: st.settings.key_file.is_some(),
+            health: if last_error.is_some() { "unavailable" } else { "ok" }.into(),
+            last_error,
+            pending_uploads: count(RemoteState::Pending),
+            pending_deletes: count(RemoteState::Deleting),
+            bytes_uploaded: st.bytes_up.load(Ordering::Relaxed),
+            bytes_downloaded: st.bytes_down.load(Ordering::Relaxed),
+            objects,
+        })
+    }
+
+    fn stored_object(&self, r: &RemoteRow) -> StoredObject {
+        let paths = &self.settings.paths;
+        let local = match Kind::parse(&r.kind) {
+            Some(Kind::Pause) => self
+                .db
+                .get(&r.owner)
+                .ok()
+                .flatten()
+                .and_then(|s| s.paused)
+                .is_some_and(|p| paths.sandbox_dir(&r.owner).join(p.dir).is_dir()),
+            Some(Kind::Snapshot) => {
+                hearth_api::is_valid_snapshot_id(&r.owner) && paths.snapshot_dir(&r.owner).is_dir()
+            }
+            Some(Kind::Template) => paths.user_templates_dir().join(&r.owner).is_dir(),
+            None => false,
+        };
+        let remote = r.state == RemoteState::Synced;
+        StoredObject {
+            name: r.name.clone(),
+            kind: r.kind.clone(),
+            owner: r.owner.clone(),
+            sync: r.state.as_str().into(),
+            location: match (local, remote) {
+                (true, true) => "both",
+                (false, true) => "remote",
+                _ => "local",
+            }
+            .into(),
+            size_bytes: r.size_bytes,
+            sent_bytes: r.sent_bytes,
+            synced_at: r.synced_at_ms.map(rfc3339),
+            attempts: r.attempts,
+            last_error: r.last_error.clone(),
+        }
+    }
+
+    /// The `storage` finding of `GET /v1/system` (and `hearth doctor`), when a bucket is configured.
+    pub(crate) fn storage_check(&self) -> Option<Check> {
+        let st = self.storage()?;
+        let pending = self
+            .db
+            .remote_list()
+            .map(|rows| rows.iter().filter(|r| r.state != RemoteState::Synced).count())
+            .unwrap_or(0);
+        let last_error = lock(&st.last_error).clone();
+        let (status, health) = match &last_error {
+            None => ("ok", "reachable".to_string()),
+            Some(e) => ("warn", format!("unavailable ({e})")),
+        };
+        Some(Check {
+            name: "storage".into(),
+            status: status.into(),
+            detail: format!(
+                "{}{}: {health}; {pending} pending uploads/deletes",
+                st.url,
+                if st.settings.key_file.is_some() {
+                    " (encrypted)"
+                } else {
+                    ""
+                }
+            ),
+        })
+    }
+}
+
+/// Uploads and removes objects in the background for as long as the daemon runs; resumes whatever the database
+/// still lists as pending after a restart.
+pub async fn worker(svc: Arc<Sandboxes>) {
+    let Some(st) = svc.storage().cloned() else { return };
+    loop {
+        if let Err(e) = svc.storage_start_due(&st) {
+            tracing::warn!(error = %e, "storage worker");
+        }
+        tokio::select! {
+            _ = st.wake.notified() => {}
+            _ = tokio::time::sleep(TICK) => {}
+        }
+    }
+}
+
+/// Runs a GC pass every `gc_interval`.
+pub async fn gc_loop(svc: Arc<Sandboxes>) {
+    let Some(interval) = svc.storage().map(|s| s.settings.gc_interval) else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(interval.max(Duration::from_secs(1))).await;
+        if let Err(e) = svc.storage_gc(None).await {
+            tracing::warn!(error = %e, "storage GC pass failed");
+        }
+    }
+}
