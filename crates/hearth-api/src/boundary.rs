@@ -35,7 +35,8 @@ pub struct VmmProcess {
     /// Real, effective, saved and filesystem uids (`/proc/<pid>/status`).
     pub uids: Vec<u32>,
     pub gids: Vec<u32>,
-    /// The process's root directory (`/proc/<pid>/root`): `/` unless chrooted.
+    /// The process's root directory (`/proc/<pid>/root`): the jail when chrooted (QEMU); `/` for a process
+    /// pivoted into a jail inside a mount namespace of its own (Firecracker's jailer: see `namespaces`).
     pub root: String,
     /// `disabled`, `strict` or `filter` (`Seccomp:`), and how many filters are installed.
     pub seccomp: String,

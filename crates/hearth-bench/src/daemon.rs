@@ -29,6 +29,15 @@ impl Daemon {
 
     /// Starts `hearthd --listen 127.0.0.1:0 FLAGS...` on a fresh data dir and waits until it answers.
     pub async fn spawn(bin: Option<PathBuf>, flags: &[String]) -> Result<Daemon> {
+        Daemon::spawn_env(bin, flags, &[]).await
+    }
+
+    /// [`Daemon::spawn`] with extra environment variables (e.g. the storage bucket's `AWS_*`).
+    pub async fn spawn_env(
+        bin: Option<PathBuf>,
+        flags: &[String],
+        env: &[(String, String)],
+    ) -> Result<Daemon> {
         let bin = match bin {
             Some(b) => b,
             None => std::env::current_exe()?.with_file_name("hearthd"),
@@ -44,6 +53,7 @@ impl Daemon {
             .arg("--listen")
             .arg("127.0.0.1:0")
             .args(flags)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -5,6 +5,7 @@
 //! - [`stats`]: percentiles and table rendering.
 //! - [`fakenet`]: the private daemon's fake internet (namespaces the bench makes), [`net`]: the network rows.
 //! - [`mounts`]: the bucket-mount rows (`--only-mounts`): a local S3 server, a mount vs a plain S3 client.
+//! - [`storage_rows`]: `--only-storage`, sandbox state in a bucket (s3s-fs) against a plain S3 client.
 //! - [`abuse`]: `--only-abuse`, a neighbour's latency while another sandbox spins, hogs, fork-bombs, fills.
 //! - [`kvm`]: `--kvm-host`, Firecracker against QEMU with KVM inside a KVM test host (nested; ratios only).
 //! - `main`: the scenarios, each measured in the same run so that ratios compare like with like on a noisy
@@ -19,6 +20,7 @@ mod mounts;
 mod net;
 mod state;
 mod stats;
+mod storage_rows;
 
 use std::time::{Duration, Instant};
 
@@ -127,6 +129,14 @@ struct Args {
     /// Samples per abuse row.
     #[arg(long, default_value_t = 40)]
     abuse_samples: usize,
+    /// Only the storage-bucket rows (`hearthd --storage` against a local s3s-fs; template `--template`,
+    /// `--memory-mib`): upload/download vs a plain S3 client, re-pause bytes, template + 4 forks in the bucket,
+    /// resume from the bucket vs from the local copy vs cold create.
+    #[arg(long, conflicts_with_all = ["only_net", "external", "only_boot", "only_mounts", "kvm_host", "only_abuse"])]
+    only_storage: bool,
+    /// Resume rounds of the storage rows (each: from the bucket, from the local copy, a cold create).
+    #[arg(long, default_value_t = 3)]
+    storage_rounds: usize,
 }
 
 fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
@@ -185,6 +195,9 @@ async fn main() -> Result<()> {
     }
     if args.only_abuse {
         return only_abuse(&args).await;
+    }
+    if args.only_storage {
+        return only_storage(&args).await;
     }
     // A private daemon's sandboxes reach only the bench's fake internet, or no network at all.
     let network_off = std::env::var("HEARTH_NETWORK").is_ok_and(|v| v == "off");
@@ -310,6 +323,23 @@ async fn only_abuse(args: &Args) -> Result<()> {
         system.vmm, system.accel, args.template, args.memory_mib, system.capacity.host_cpus
     );
     println!("{}", stats::render(&rows));
+    Ok(())
+}
+
+/// `--only-storage`: a private daemon without networking, its state in a local s3s-fs.
+async fn only_storage(args: &Args) -> Result<()> {
+    let run = storage_rows::run(&storage_rows::StorageArgs {
+        template: args.template.clone(),
+        memory_mib: args.memory_mib,
+        rounds: args.storage_rounds,
+        hearthd: args.hearthd.clone(),
+    })
+    .await?;
+    println!(
+        "hearth-bench: vmm={} accel={} template={} memory={} MiB host_cpus={} (storage rows only, s3s-fs on loopback)\n",
+        run.system.vmm, run.system.accel, args.template, args.memory_mib, run.system.capacity.host_cpus
+    );
+    println!("{}", stats::render(&run.rows));
     Ok(())
 }
 

@@ -107,6 +107,7 @@ const FIRECRACKER_TESTS: &[Inner] = &[
         "guest_disk_headers_never_make_the_host_open_a_host_file",
     ),
     ("network", "egress_policy_by_cidr_and_domain_with_dns_and_audit"),
+    ("abuse", "the_reported_boundary_is_the_one_the_kernel_reports"),
 ];
 
 /// More of the daemon's real-VM tests that pass on Firecracker in L1 but are left out of CI for time (the KVM

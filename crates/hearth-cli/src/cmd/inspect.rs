@@ -87,6 +87,7 @@ fn vmm_lines(v: &VmmProcess) -> Vec<(&'static str, String)> {
         .filter(|n| !n.shared_with_daemon)
         .map(|n| n.kind.as_str())
         .collect();
+    let pivoted = v.root == "/" && own.contains(&"mnt");
     let c = &v.cgroup;
     let cgroup = if c.shared_with_daemon {
         format!(
@@ -113,10 +114,15 @@ fn vmm_lines(v: &VmmProcess) -> Vec<(&'static str, String)> {
         (
             "identity",
             format!(
-                "uid {} gid {}, root {}",
+                "uid {} gid {}, root {}{}",
                 v.uids.first().map_or("?".into(), u32::to_string),
                 v.gids.first().map_or("?".into(), u32::to_string),
-                v.root
+                v.root,
+                if pivoted {
+                    " of its own mount namespace (pivoted into its jail)"
+                } else {
+                    ""
+                }
             ),
         ),
         (

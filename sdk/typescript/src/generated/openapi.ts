@@ -1849,7 +1849,10 @@ export interface components {
             no_new_privs: boolean;
             /** Format: int32 */
             pid: number;
-            /** @description The process's root directory (`/proc/<pid>/root`): `/` unless chrooted. */
+            /**
+             * @description The process's root directory (`/proc/<pid>/root`): the jail when chrooted (QEMU); `/` for a process
+             *     pivoted into a jail inside a mount namespace of its own (Firecracker's jailer: see `namespaces`).
+             */
             root: string;
             /** Format: int64 */
             rss_bytes: number;
