@@ -884,7 +884,7 @@ async fn slow_heads_are_cut_and_connections_are_capped() {
     // keep-alive deadline (and the first-head deadline) still gets its answer.
     let mut slow_body = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let head = format!(
-        "POST /v1/sandboxes HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\n\
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
          Content-Type: application/json\r\nContent-Length: 12\r\n\r\n",
         f.key
     );
