@@ -484,3 +484,104 @@ async fn network_options_become_hearth_policies() {
     let (s, _) = w.control(Method::DELETE, &format!("/sandboxes/{id}"), None).await;
     assert_eq!(s, 204);
 }
+
+/// Issue 16 item 4, "same guarantees as hearth's own API": the adapter forwards the caller's key, so E2B calls
+/// are scoped to the key's project and its quotas apply. A member key of another project sees an admin's
+/// sandbox as absent on both E2B APIs and cannot list it; its own creates stop at the project's quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_calls_are_scoped_to_the_callers_project_and_quota() {
+    use reqwest::Method;
+    let bins = tokio::task::spawn_blocking(bin_dir).await.unwrap();
+    let daemon = Hearthd::start_async(
+        Options::new()
+            .bin(bins.join("hearthd"))
+            .cleanup_with_cli(bins.join("hearth")),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let admin = Wire {
+        http: http.clone(),
+        url: daemon.url.clone(),
+        key: daemon.key.clone(),
+    };
+    let v1 = |method: Method, path: &str, body: Value| {
+        http.request(method, format!("{}{path}", daemon.url))
+            .bearer_auth(&daemon.key)
+            .json(&body)
+            .send()
+    };
+    let r = v1(
+        Method::POST,
+        "/v1/projects",
+        json!({"name": "other", "quota": {"max_running": 1}}),
+    )
+    .await
+    .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let r = v1(
+        Method::POST,
+        "/v1/keys",
+        json!({"project": "other", "role": "member"}),
+    )
+    .await
+    .unwrap();
+    assert!(r.status().is_success());
+    let created: Value = r.json().await.unwrap();
+    let other = Wire {
+        http: http.clone(),
+        url: daemon.url.clone(),
+        key: created["key"].as_str().unwrap().to_owned(),
+    };
+
+    let (s, sbx) = admin
+        .control(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "minimal", "timeout": 300})),
+        )
+        .await;
+    assert_eq!(s, 201, "{sbx}");
+    let mine = sbx["sandboxID"].as_str().unwrap().to_owned();
+    // Another project's key: absent on the control plane and on envd, and not listed.
+    let (s, v) = other
+        .control(Method::GET, &format!("/sandboxes/{mine}"), None)
+        .await;
+    assert_eq!((s, v["code"].as_u64()), (404, Some(404)), "{v}");
+    let (s, v) = other
+        .unary(&mine, "/filesystem.Filesystem/Stat", json!({"path": "/"}))
+        .await;
+    assert_ne!(s, 200, "envd of another project's sandbox: {v}");
+    let (s, v) = other.control(Method::GET, "/v2/sandboxes", None).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(!v.to_string().contains(&mine), "listed to another project: {v}");
+
+    // Its own sandbox, then the project's quota (max_running 1) refuses the next with a clear message.
+    let (s, own) = other
+        .control(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "minimal", "timeout": 300})),
+        )
+        .await;
+    assert_eq!(s, 201, "{own}");
+    let (s, v) = other
+        .control(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "minimal", "timeout": 300})),
+        )
+        .await;
+    assert_eq!(s, 429, "over the project's quota: {v}");
+    assert!(
+        v["message"].as_str().unwrap_or_default().contains("max_running"),
+        "{v}"
+    );
+    let (s, v) = other.control(Method::GET, "/v2/sandboxes", None).await;
+    assert_eq!(s, 200);
+    let own_id = own["sandboxID"].as_str().unwrap();
+    assert!(v.to_string().contains(own_id), "its own sandbox is listed: {v}");
+    for (w, id) in [(&admin, mine.as_str()), (&other, own_id)] {
+        let (s, v) = w.control(Method::DELETE, &format!("/sandboxes/{id}"), None).await;
+        assert!((200..300).contains(&s), "{v}");
+    }
+}
