@@ -222,9 +222,24 @@ impl super::QemuVmm {
             return;
         }
         for dir in dirs {
-            let pids = crate::cgroup::pids_in(&dir);
-            if pids.iter().any(|p| Some(*p) != gone) {
-                tracing::info!(cgroup = %dir.display(), ?pids, "cgroup holds a newer VM; left in place");
+            // KVM runs a kernel worker per VM (`kvm-nx-lpage-recovery`) in the VMM's cgroups; it ends when the
+            // VM is torn down, a moment after QEMU itself. It and a lingering zombie are not a newer VM: wait
+            // for them to go.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let newer = loop {
+                let pids = crate::cgroup::pids_in(&dir);
+                let newer: Vec<u32> = pids
+                    .iter()
+                    .copied()
+                    .filter(|p| Some(*p) != gone && !kernel_thread_or_zombie(*p))
+                    .collect();
+                if !newer.is_empty() || pids.is_empty() || std::time::Instant::now() >= deadline {
+                    break newer;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            };
+            if !newer.is_empty() {
+                tracing::info!(cgroup = %dir.display(), pids = ?newer, "cgroup holds a newer VM; left in place");
                 continue;
             }
             if let Err(e) = crate::cgroup::remove(&dir).await {
@@ -232,6 +247,12 @@ impl super::QemuVmm {
             }
         }
     }
+}
+
+/// Whether `pid` is a kernel thread or a zombie (or gone): an empty `/proc/<pid>/cmdline`. A QEMU process
+/// always has a command line.
+fn kernel_thread_or_zombie(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).map_or(true, |c| c.is_empty())
 }
 
 /// The cgroup name of the VM in `run_dir`: the directory's own name, reduced to `[A-Za-z0-9_-]` (anything else
@@ -255,6 +276,14 @@ pub fn cgroup_name(run_dir: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_threads_and_gone_processes_are_not_vms() {
+        // kthreadd is pid 2 on Linux; this test process has a command line.
+        assert!(kernel_thread_or_zombie(2));
+        assert!(kernel_thread_or_zombie(u32::MAX));
+        assert!(!kernel_thread_or_zombie(std::process::id()));
+    }
 
     #[test]
     fn names_and_dirs() {
