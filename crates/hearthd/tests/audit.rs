@@ -14,7 +14,8 @@ use tenancyfix::{call, create_key, create_project, fill, routes};
 
 const NO_SANDBOX: &str = "sbx_0000000000000000";
 
-fn placeholder(path: &str, name: &str) -> String {
+/// A value for path parameter `name` of route `path` that names an object nobody has.
+fn path_value(path: &str, name: &str) -> String {
     match name {
         "id" if path.starts_with("/v1/keys") => "key_0000000000000000".into(),
         "id" if path.starts_with("/v1/snapshots") => "snap_0000000000000000".into(),
@@ -35,7 +36,7 @@ async fn every_mutating_route_of_the_openapi_document_writes_an_audit_entry() {
     let d = Daemon::start().await;
     let mut expected = Vec::new();
     for r in routes(&d).await.into_iter().filter(|r| r.secured && r.mutating()) {
-        let path = fill(&r.path, |p| placeholder(&r.path, p));
+        let path = fill(&r.path, |p| path_value(&r.path, p));
         // A body with an unknown field: every JSON route refuses it (400) before acting.
         let body = (r.method != Method::GET && r.method != Method::DELETE).then(|| json!({"zz_unknown": 1}));
         let (status, v, rid) = call(&d, &d.key, r.method.clone(), &path, body).await;

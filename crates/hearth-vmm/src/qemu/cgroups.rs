@@ -250,9 +250,14 @@ impl super::QemuVmm {
 }
 
 /// Whether `pid` is a kernel thread or a zombie (or gone): an empty `/proc/<pid>/cmdline`. A QEMU process
-/// always has a command line.
+/// always has a command line (a guest that took over QEMU can change it, but only to keep its own cgroup).
 fn kernel_thread_or_zombie(pid: u32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline")).map_or(true, |c| c.is_empty())
+    use std::io::Read;
+    // One byte tells: a process's command line is its own to make as long as it likes.
+    let mut first = [0u8; 1];
+    std::fs::File::open(format!("/proc/{pid}/cmdline"))
+        .and_then(|mut f| f.read(&mut first))
+        .map_or(true, |n| n == 0)
 }
 
 /// The cgroup name of the VM in `run_dir`: the directory's own name, reduced to `[A-Za-z0-9_-]` (anything else
