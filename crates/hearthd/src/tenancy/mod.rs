@@ -315,14 +315,9 @@ pub fn new_key_id() -> String {
     format!("key_{}", hex::encode(b))
 }
 
-/// A project name: 1-63 of `[a-z0-9-]`, starting with a letter or digit.
+/// A project name: the same rule as template names (1-63 of `[a-z0-9-]`, starting with a letter or digit).
 pub fn is_valid_project_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
+    hearth_api::is_valid_template_name(name)
 }
 
 #[cfg(test)]
