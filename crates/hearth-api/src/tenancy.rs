@@ -59,6 +59,14 @@ pub struct Quota {
     /// Sandboxes created (or forked) per rolling minute.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_creates_per_minute: Option<u32>,
+    /// Seconds a sandbox may exist (running or paused) from its create; an older one is destroyed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lifetime_s: Option<u64>,
+    /// Credits the project may spend in all (running vCPU-seconds and GiB-seconds at the daemon's prices,
+    /// `--credits-per-vcpu-second`, `--credits-per-gib-second`). Once spent, the project's running sandboxes
+    /// are paused (nothing is lost) and creates, forks and resumes are refused until it is raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_credits: Option<u64>,
 }
 
 /// Body of `POST /v1/projects`.
@@ -92,6 +100,8 @@ pub struct ProjectUsage {
     pub running: u64,
     pub vcpus: u64,
     pub memory_mib: u64,
+    /// Credits spent by the project's sandboxes so far (compare `quota.budget_credits`).
+    pub spent_credits: f64,
 }
 
 /// Answer of `GET /v1/projects`.

@@ -1,4 +1,4 @@
-//! `hearth project`, `hearth key` and `hearth audit verify` against the real daemon (no VM).
+//! `hearth project`, `hearth key`, `hearth audit verify` and `hearth audit export` against the real daemon (no VM).
 
 #![allow(clippy::unwrap_used)]
 
@@ -75,4 +75,39 @@ fn projects_keys_and_the_audit_chain_from_the_command_line() {
 
     let verified = ok(d.run(&["audit", "verify"]));
     assert!(verified.starts_with("ok: "), "{verified}");
+
+    // The JSON Lines export: one entry per line, the same chain, verifiable offline; filters apply.
+    let export = ok(d.run(&["audit", "export"]));
+    let lines: Vec<hearth_api::AuditEntry> =
+        export.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines.len() >= 4, "{export}");
+    assert!(lines.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+    assert!(lines.iter().any(|e| e.action == "POST /v1/projects"));
+    assert!(
+        lines
+            .iter()
+            .any(|e| e.action == "DELETE /v1/keys/{id}" && e.target.contains(&created.id))
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("audit.jsonl");
+    std::fs::write(&file, &export).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let verified = ok(d.run(&["audit", "verify", "--file", file_arg]));
+    assert_eq!(
+        verified,
+        format!(
+            "ok: {} entries, last hash {}\n",
+            lines.len(),
+            lines[lines.len() - 1].hash
+        )
+    );
+    // One changed byte (a status code) breaks the chain.
+    let tampered = export.replacen("\"status\":201", "\"status\":200", 1);
+    assert_ne!(tampered, export);
+    std::fs::write(&file, tampered).unwrap();
+    let out = d.run(&["audit", "verify", "--file", file_arg]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let after = lines[1].seq.to_string();
+    let tail = ok(d.run(&["audit", "export", "--after", &after]));
+    assert_eq!(tail.lines().count(), lines.len() - 2, "{tail}");
 }

@@ -60,6 +60,30 @@ impl Client {
         self.call::<(), _>(Method::GET, url, None).await
     }
 
+    /// `GET /v1/audit/export`: the audit log as JSON Lines (one entry per line), streamed into `writer`.
+    /// `filters` are query pairs (`after`, `project`, `key_id`, `since_ms`). Returns the bytes written.
+    pub async fn audit_export<W>(&self, filters: &[(&str, String)], writer: &mut W) -> Result<u64, Error>
+    where
+        W: tokio::io::AsyncWrite + Unpin + ?Sized,
+    {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let mut url = self.url(&["v1", "audit", "export"]);
+        for (k, v) in filters {
+            url.query_pairs_mut().append_pair(k, v);
+        }
+        let resp = self.send(self.request(Method::GET, &url), &url).await?;
+        let mut body = resp.bytes_stream();
+        let mut total = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| Error::transport(&url, e))?;
+            writer.write_all(&chunk).await?;
+            total += chunk.len() as u64;
+        }
+        writer.flush().await?;
+        Ok(total)
+    }
+
     /// The whole audit log, page by page.
     pub async fn audit_all(&self) -> Result<Vec<AuditEntry>, Error> {
         let mut all = Vec::new();

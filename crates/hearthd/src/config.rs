@@ -74,6 +74,12 @@ pub struct Args {
     /// disk, so this bounds the host disk one sandbox's snapshots can take.
     #[arg(long, env = "HEARTH_MAX_SNAPSHOTS_PER_SANDBOX", default_value_t = 64)]
     pub max_snapshots_per_sandbox: usize,
+    /// Credits one running vCPU-second costs against a project's `budget_credits`.
+    #[arg(long, env = "HEARTH_CREDITS_PER_VCPU_SECOND", default_value_t = 1.0)]
+    pub credits_per_vcpu_second: f64,
+    /// Credits one running GiB-second of guest memory costs against a project's `budget_credits`.
+    #[arg(long, env = "HEARTH_CREDITS_PER_GIB_SECOND", default_value_t = 1.0)]
+    pub credits_per_gib_second: f64,
     /// Sandbox networking: `auto` turns it on when the daemon can (root, /dev/net/tun, the `nft` tool), `on`
     /// requires it, `off` gives sandboxes no network device.
     #[arg(long, env = "HEARTH_NETWORK", value_enum, default_value_t = NetworkChoice::Auto)]

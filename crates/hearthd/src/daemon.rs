@@ -268,7 +268,17 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         ready_timeout,
         agent_unresponsive: config::agent_unresponsive(args.agent_unresponsive_s, vmm.accel()),
         max_snapshots_per_sandbox: args.max_snapshots_per_sandbox.max(1),
+        credit_prices: crate::service::quota::CreditPrices {
+            per_vcpu_second: args.credits_per_vcpu_second,
+            per_gib_second: args.credits_per_gib_second,
+        },
     };
+    anyhow::ensure!(
+        [args.credits_per_vcpu_second, args.credits_per_gib_second]
+            .iter()
+            .all(|p| p.is_finite() && *p >= 0.0),
+        "credit prices must be finite and not negative"
+    );
     let mut info = info;
     let networking = build_networking(&args, &mut info.checks)?;
     let svc = Sandboxes::new(db, vmm, info, settings);
@@ -297,6 +307,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     svc.restore_networking().await;
     tokio::spawn(reaper::reaper(svc.clone()));
     tokio::spawn(reaper::watcher(svc.clone()));
+    tokio::spawn(reaper::quotas(svc.clone()));
     tokio::spawn(crate::service::remote::worker(svc.clone()));
     tokio::spawn(crate::service::remote::gc_loop(svc.clone()));
 

@@ -28,7 +28,7 @@ use crate::http::{
         buckets::create, buckets::list, buckets::get, buckets::delete, buckets::mounts, buckets::attach,
         buckets::detach,
         tenancy::create_project, tenancy::list_projects, tenancy::usage, tenancy::set_quota, tenancy::create_key,
-        tenancy::list_keys, tenancy::revoke_key, tenancy::audit,
+        tenancy::list_keys, tenancy::revoke_key, tenancy::audit, tenancy::audit_export,
         storage::status, storage::gc,
     ),
     components(schemas(hearth_api::ErrorCode, hearth_api::ErrorDetail, hearth_api::SandboxState,

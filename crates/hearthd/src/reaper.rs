@@ -77,6 +77,42 @@ pub async fn reaper(svc: Arc<Sandboxes>) {
     }
 }
 
+/// Enforces the time limits of project quotas forever (budgets spent: pause; `max_lifetime_s` passed:
+/// destroy), once a second ([`Sandboxes::quota_actions`]).
+pub async fn quotas(svc: Arc<Sandboxes>) {
+    let busy = InFlight::default();
+    let mut tick = tokio::time::interval(REAP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let todo = match svc.quota_actions() {
+            Ok(todo) => todo,
+            Err(e) => {
+                tracing::error!(error = %e, "quotas: listing what to enforce");
+                continue;
+            }
+        };
+        for (id, why) in todo {
+            if !busy.try_claim(&id) {
+                continue;
+            }
+            let (svc, busy) = (svc.clone(), busy.clone());
+            tokio::spawn(async move {
+                tracing::info!(sandbox = %id, limit = why, "project quota enforced");
+                let result = if why == "budget" {
+                    svc.pause(&id).await.map(|_| ())
+                } else {
+                    svc.destroy(&id, "max_lifetime_s").await
+                };
+                if let Err(e) = result {
+                    tracing::warn!(sandbox = %id, limit = why, error = %e, "enforcing a project quota");
+                }
+                busy.release(&id);
+            });
+        }
+    }
+}
+
 /// Runs the health watcher forever.
 pub async fn watcher(svc: Arc<Sandboxes>) {
     let busy = InFlight::default();

@@ -233,7 +233,7 @@ async fn parallel_creates_cannot_pass_the_last_vcpu_slot_together() {
 }
 
 /// `GET /v1/sandboxes` pages: `limit` sandboxes at a time in id order, a cursor while more match, every
-/// sandbox exactly once over all pages, filters applied before paging; bad limits and cursors are refused.
+/// sandbox exactly once over all pages, filters (and the caller's project) applied before paging; bad limits and cursors are refused.
 #[tokio::test]
 async fn listing_pages_through_every_sandbox_once() {
     let f = fixture(10);
@@ -250,7 +250,7 @@ async fn listing_pages_through_every_sandbox_once() {
         if let Some(c) = &cursor {
             q.push(("cursor".into(), c.clone()));
         }
-        let (page, next) = f.svc.list(&q).expect("page");
+        let (page, next) = f.svc.list(&q, None).expect("page");
         pages += 1;
         assert!(page.len() <= 2);
         seen.extend(page.into_iter().map(|s| s.id));
@@ -264,17 +264,39 @@ async fn listing_pages_through_every_sandbox_once() {
     f.svc.pause(&made[3]).await.expect("pause");
     let (page, next) = f
         .svc
-        .list(&[("state".into(), "paused".into()), ("limit".into(), "1".into())])
+        .list(
+            &[("state".into(), "paused".into()), ("limit".into(), "1".into())],
+            None,
+        )
         .expect("filtered");
     assert_eq!((page.len(), next), (1, None));
     assert_eq!(page[0].id, made[3]);
+    // So does a project: a page of 2 of project b's holds 2 of its sandboxes even though project a owns the
+    // first ids.
+    for (i, id) in made.iter().enumerate() {
+        let project = if i < 2 { "a" } else { "b" };
+        f.svc
+            .db()
+            .set_owner("sandbox", id, &[id], project)
+            .expect("owner");
+    }
+    let limit = [("limit".to_string(), "2".to_string())];
+    let (page, next) = f.svc.list(&limit, Some("b")).expect("project page");
+    let ids: Vec<String> = page.into_iter().map(|s| s.id).collect();
+    assert_eq!(ids, made[2..4].to_vec());
+    assert_eq!(next.as_deref(), Some(made[3].as_str()));
+    let (page, _) = f.svc.list(&[], Some("c")).expect("empty project");
+    assert!(page.is_empty());
     for bad in [
         ("limit", "0"),
         ("limit", "1001"),
         ("limit", "x"),
         ("cursor", "../x"),
     ] {
-        let err = f.svc.list(&[(bad.0.into(), bad.1.into())]).expect_err("refused");
+        let err = f
+            .svc
+            .list(&[(bad.0.into(), bad.1.into())], None)
+            .expect_err("refused");
         assert!(
             matches!(err, hearthd::service::ServiceError::InvalidArgument(_)),
             "{bad:?}: {err}"

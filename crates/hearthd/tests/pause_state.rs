@@ -46,7 +46,10 @@ async fn pause_leaves_only_files_and_a_command_resumes() {
         f.svc.pause(&sbx.id).await.expect("pause again").state,
         SandboxState::Paused
     );
-    let (listed, _) = f.svc.list(&[("state".into(), "paused".into())]).expect("list");
+    let (listed, _) = f
+        .svc
+        .list(&[("state".into(), "paused".into())], None)
+        .expect("list");
     assert_eq!(listed.len(), 1);
     // A command wakes it.
     let r = f

@@ -170,7 +170,7 @@ async fn recipe_builds_succeed_or_report_the_failing_step() {
     );
     assert!(f.svc.get_template("broken").is_err());
     // Build sandboxes are gone either way.
-    assert!(f.svc.list(&[]).expect("list").0.is_empty());
+    assert!(f.svc.list(&[], None).expect("list").0.is_empty());
     let both = CreateTemplateRequest {
         name: "x".into(),
         from_sandbox: Some("sbx_0000000000000000".into()),
@@ -270,7 +270,7 @@ async fn recipe_builds_report_their_progress() {
     );
     assert!(f.svc.get_template("failing").is_err());
     assert!(
-        f.svc.list(&[]).expect("list").0.is_empty(),
+        f.svc.list(&[], None).expect("list").0.is_empty(),
         "build sandboxes removed"
     );
 

@@ -1,6 +1,7 @@
 //! Projects against real VMs: a matrix over every route of the daemon's OpenAPI document (another project's key
 //! gets 404 on objects it does not own, a viewer cannot change anything, a revoked or expired key gets 401), and
-//! atomic quota admission (10 parallel creates against a limit of 3).
+//! atomic quota admission (10 parallel creates against a limit of 3; a command waking a paused sandbox), a spent budget
+//! pausing the project and a lifetime destroying old sandboxes.
 
 mod common;
 mod tenancyfix;
@@ -235,4 +236,147 @@ async fn ten_parallel_creates_against_a_limit_of_three_admit_exactly_three() {
     for id in rest {
         d.destroy(&id).await;
     }
+}
+
+#[tokio::test]
+async fn waking_a_paused_sandbox_counts_against_max_running_like_a_resume() {
+    let _vm = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    create_project(&d, "w", json!({"max_running": 1})).await;
+    let k = create_key(&d, "w", "member", None).await;
+    let body = json!({"template": "minimal", "memory_mib": SMALL});
+    let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body.clone())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}\n{}", d.log());
+    let a = v["id"].as_str().unwrap_or_default().to_string();
+    let (s, v, _) = call(
+        &d,
+        &k.key,
+        Method::POST,
+        &format!("/v1/sandboxes/{a}/pause"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let b = v["id"].as_str().unwrap_or_default().to_string();
+    // A command would auto-resume `a`: with `b` running, that is a second running sandbox.
+    let cmd = json!({"cmd": "echo awake"});
+    let commands = format!("/v1/sandboxes/{a}/commands");
+    let (s, v, _) = call(&d, &k.key, Method::POST, &commands, Some(cmd.clone())).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(v["error"]["code"], json!("quota_exceeded"), "{v}");
+    let (_, v, _) = call(&d, &k.key, Method::GET, &format!("/v1/sandboxes/{a}"), None).await;
+    assert_eq!(v["state"], json!("paused"), "{v}");
+    // With `b` gone there is room: the same command wakes `a` and runs.
+    let (s, _, _) = call(&d, &k.key, Method::DELETE, &format!("/v1/sandboxes/{b}"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v, _) = call(&d, &k.key, Method::POST, &commands, Some(cmd)).await;
+    assert_eq!(s, StatusCode::OK, "{v}\n{}", d.log());
+    assert_eq!(v["stdout"], json!("awake\n"), "{v}");
+    d.destroy(&a).await;
+}
+
+/// Polls `GET path` with `key` until `done` holds for its status and answer, or panics after `secs`.
+async fn poll(
+    d: &Daemon,
+    key: &str,
+    path: &str,
+    secs: u64,
+    done: impl Fn(StatusCode, &Value) -> bool,
+) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let (s, v, _) = call(d, key, Method::GET, path, None).await;
+        if done(s, &v) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path}: still {s} {v}\n{}",
+            d.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_spent_budget_pauses_the_project_and_raising_it_resumes_intact() {
+    let _vm = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    // 1 vCPU + 0.25 GiB at the default prices (1 credit each per second): 1.25 credits a running second.
+    create_project(&d, "b", json!({"budget_credits": 20})).await;
+    let k = create_key(&d, "b", "member", None).await;
+    let body = json!({"template": "minimal", "memory_mib": SMALL});
+    let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body.clone())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}\n{}", d.log());
+    let id = v["id"].as_str().unwrap_or_default().to_string();
+    let cmd = json!({"cmd": "echo kept > /root/note && sync"});
+    let commands = format!("/v1/sandboxes/{id}/commands");
+    let (s, v, _) = call(&d, &k.key, Method::POST, &commands, Some(cmd)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    // Within a minute the budget is spent and the sandbox is paused, not destroyed.
+    let sandbox = format!("/v1/sandboxes/{id}");
+    poll(&d, &k.key, &sandbox, 90, |_, v| v["state"] == json!("paused")).await;
+    let (_, usage, _) = call(&d, &k.key, Method::GET, "/v1/projects/b/usage", None).await;
+    let spent = usage["spent_credits"].as_f64().unwrap_or(0.0);
+    assert!((20.0..40.0).contains(&spent), "{usage}");
+    // Nothing starts while it is spent: not a create, not a resume, not a command waking the sandbox.
+    for (method, path, body) in [
+        (Method::POST, "/v1/sandboxes".to_string(), Some(body)),
+        (Method::POST, format!("{sandbox}/resume"), None),
+        (Method::POST, commands.clone(), Some(json!({"cmd": "true"}))),
+    ] {
+        let (s, v, _) = call(&d, &k.key, method, &path, body).await;
+        assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{path}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("budget_credits = 20"),
+            "{v}"
+        );
+    }
+    // The admin raises it: the sandbox resumes with its files.
+    let (s, v, _) = call(
+        &d,
+        &d.key,
+        Method::PUT,
+        "/v1/projects/b/quota",
+        Some(json!({"budget_credits": 100000})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v, _) = call(&d, &k.key, Method::POST, &format!("{sandbox}/resume"), None).await;
+    assert_eq!(s, StatusCode::OK, "{v}\n{}", d.log());
+    let (s, v, _) = call(
+        &d,
+        &k.key,
+        Method::POST,
+        &commands,
+        Some(json!({"cmd": "cat /root/note"})),
+    )
+    .await;
+    assert_eq!((s, &v["stdout"]), (StatusCode::OK, &json!("kept\n")), "{v}");
+    d.destroy(&id).await;
+}
+
+#[tokio::test]
+async fn sandboxes_older_than_the_project_lifetime_are_destroyed() {
+    let _vm = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    create_project(&d, "l", json!({"max_lifetime_s": 20})).await;
+    let k = create_key(&d, "l", "member", None).await;
+    let started = std::time::Instant::now();
+    let body = json!({"template": "minimal", "memory_mib": SMALL, "timeout_s": 3600});
+    let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}\n{}", d.log());
+    let id = v["id"].as_str().unwrap_or_default().to_string();
+    let sandbox = format!("/v1/sandboxes/{id}");
+    poll(&d, &k.key, &sandbox, 90, |s, _| s == StatusCode::NOT_FOUND).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(20),
+        "destroyed early: {:?}",
+        started.elapsed()
+    );
 }

@@ -1,4 +1,4 @@
-//! `project create|ls|quota`, `key create|ls|revoke`, `audit verify`.
+//! `project create|ls|quota`, `key create|ls|revoke`, `audit verify|export`.
 
 use clap::Subcommand;
 use hearth_api::{CreateKeyRequest, CreateProjectRequest, Quota, Role};
@@ -20,6 +20,13 @@ pub struct QuotaArgs {
     /// Most sandboxes created or forked per rolling minute.
     #[arg(long)]
     pub max_creates_per_minute: Option<u32>,
+    /// Seconds a sandbox may exist from its create; older ones are destroyed.
+    #[arg(long)]
+    pub max_lifetime_s: Option<u64>,
+    /// Credits the project may spend (running vCPU-seconds and GiB-seconds at the daemon's prices); once
+    /// spent its running sandboxes are paused until it is raised.
+    #[arg(long)]
+    pub budget_credits: Option<u64>,
 }
 
 impl QuotaArgs {
@@ -29,6 +36,8 @@ impl QuotaArgs {
             max_vcpus: self.max_vcpus,
             max_memory_mib: self.max_memory_mib,
             max_creates_per_minute: self.max_creates_per_minute,
+            max_lifetime_s: self.max_lifetime_s,
+            budget_credits: self.budget_credits,
         }
     }
 }
@@ -77,8 +86,26 @@ pub enum KeyCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
-    /// Fetch the whole audit log and check its hash chain; exits 1 at the first broken entry.
-    Verify,
+    /// Check the audit log's hash chain (fetched whole, or an unfiltered `audit export` file); exits 1 at the
+    /// first broken entry.
+    Verify {
+        /// A JSON Lines export to check instead of the daemon's log.
+        #[arg(long, value_name = "PATH")]
+        file: Option<std::path::PathBuf>,
+    },
+    /// Write the audit log as JSON Lines (one entry per line) to stdout, streamed.
+    Export {
+        /// Entries after this sequence number.
+        #[arg(long)]
+        after: Option<u64>,
+        #[arg(long)]
+        project: Option<String>,
+        #[arg(long)]
+        key_id: Option<String>,
+        /// Only entries at or after this unix millisecond.
+        #[arg(long)]
+        since_ms: Option<i64>,
+    },
 }
 
 fn parse_role(s: &str) -> Result<Role, String> {
@@ -202,10 +229,27 @@ pub async fn key(ctx: &Ctx, cmd: KeyCommand) -> anyhow::Result<u8> {
 }
 
 pub async fn audit(ctx: &Ctx, cmd: AuditCommand) -> anyhow::Result<u8> {
-    let client = ctx.client()?;
     match cmd {
-        AuditCommand::Verify => {
-            let entries = client.audit_all().await?;
+        AuditCommand::Export {
+            after,
+            project,
+            key_id,
+            since_ms,
+        } => {
+            let mut filters = Vec::new();
+            filters.extend(after.map(|v| ("after", v.to_string())));
+            filters.extend(project.map(|v| ("project", v)));
+            filters.extend(key_id.map(|v| ("key_id", v)));
+            filters.extend(since_ms.map(|v| ("since_ms", v.to_string())));
+            let mut out = tokio::io::stdout();
+            ctx.client()?.audit_export(&filters, &mut out).await?;
+            Ok(0)
+        }
+        AuditCommand::Verify { file } => {
+            let entries = match file {
+                Some(path) => read_export(&path)?,
+                None => ctx.client()?.audit_all().await?,
+            };
             match hearth_client::tenancy::verify_audit_log(&entries) {
                 Ok(last) => {
                     println!("ok: {} entries, last hash {last}", entries.len());
@@ -218,6 +262,19 @@ pub async fn audit(ctx: &Ctx, cmd: AuditCommand) -> anyhow::Result<u8> {
             }
         }
     }
+}
+
+/// The entries of a JSON Lines export, in file order.
+fn read_export(path: &std::path::Path) -> anyhow::Result<Vec<hearth_api::AuditEntry>> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            serde_json::from_str(line).with_context(|| format!("{} line {}", path.display(), i + 1))
+        })
+        .collect()
 }
 
 #[cfg(test)]

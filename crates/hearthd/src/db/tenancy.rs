@@ -245,6 +245,16 @@ impl Db {
             .optional()?)
     }
 
+    /// The keys of every `kind` object `project` owns.
+    pub fn owned(&self, kind: &str, project: &str) -> Result<std::collections::HashSet<String>, DbError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT key FROM owners WHERE kind = ?1 AND project = ?2")?;
+        let keys = stmt
+            .query_map(params![kind, project], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        Ok(keys)
+    }
+
     /// Records that `project` owns the object `object`, named `keys` in routes (replacing stale rows).
     pub fn set_owner(&self, kind: &str, object: &str, keys: &[&str], project: &str) -> Result<(), DbError> {
         let mut conn = self.lock();
@@ -295,6 +305,46 @@ impl Db {
             vcpus: vcpus.max(0) as u64,
             memory_mib: memory_mib.max(0) as u64,
         })
+    }
+
+    /// Credits `project`'s sandboxes have spent up to `now_ms`: every running interval of every sandbox it
+    /// owns or owned (owner rows of destroyed sandboxes are kept for this), at `per_vcpu_s` per vCPU-second
+    /// and `per_gib_s` per GiB-second.
+    pub fn spent_credits(
+        &self,
+        project: &str,
+        per_vcpu_s: f64,
+        per_gib_s: f64,
+        now_ms: i64,
+    ) -> Result<f64, DbError> {
+        Ok(self.lock().query_row(
+            "SELECT coalesce(sum(max(coalesce(u.end_at, ?4) - u.start_at, 0) / 1000.0
+                                 * (u.vcpus * ?2 + u.memory_mib / 1024.0 * ?3)), 0.0)
+             FROM usage u JOIN owners o ON o.kind = 'sandbox' AND o.key = u.sandbox_id
+             WHERE o.project = ?1 AND u.kind = 'running'",
+            params![project, per_vcpu_s, per_gib_s, now_ms],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Ids of `project`'s sandboxes in any of `states`.
+    pub fn project_sandboxes(&self, project: &str, states: &[&str]) -> Result<Vec<String>, DbError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT s.id, s.state FROM sandboxes s JOIN owners o ON o.kind = 'sandbox' AND o.key = s.id
+             WHERE o.project = ?1 ORDER BY s.id",
+        )?;
+        let rows = stmt.query_map(params![project], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut ids = Vec::new();
+        for row in rows {
+            let (id, state) = row?;
+            if states.contains(&state.as_str()) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
     }
 
     /// Appends one entry to the audit chain (sequence, previous hash and hash filled in here, under the lock,

@@ -192,6 +192,7 @@ pub fn app(state: AppState) -> Router {
             axum::routing::delete(tenancy::revoke_key.layer(quick())),
         )
         .route("/audit", get(tenancy::audit.layer(quick())))
+        .route("/audit/export", get(tenancy::audit_export))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             crate::tenancy::guard::guard,

@@ -1,8 +1,8 @@
 //! `/v1/sandboxes`: create, list, get, destroy, TTL, pause, resume, usage; fork and snapshots.
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use hearth_api::{
     CreateSandboxRequest, ErrorBody, ForkRequest, ForkResponse, Sandbox, SandboxBoundary, SandboxList,
     SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject, UsageReport,
@@ -10,6 +10,7 @@ use hearth_api::{
 
 use super::AppState;
 use super::error::{ApiError, ApiJson, ApiQuery, SandboxId};
+use crate::tenancy::Principal;
 
 /// Create a sandbox; answers once a command can run in it.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
@@ -44,9 +45,15 @@ pub async fn create(
     security(("api_key" = [])))]
 pub async fn list(
     State(st): State<AppState>,
+    principal: Option<Extension<Principal>>,
     ApiQuery(filters): ApiQuery<Vec<(String, String)>>,
 ) -> Result<Json<SandboxList>, ApiError> {
-    let (sandboxes, next_cursor) = st.sandboxes.list(&filters)?;
+    // Admins see every project's sandboxes; other keys their own project's.
+    let project = principal
+        .as_ref()
+        .filter(|p| !p.is_admin())
+        .map(|p| p.project.as_str());
+    let (sandboxes, next_cursor) = st.sandboxes.list(&filters, project)?;
     Ok(Json(SandboxList {
         sandboxes,
         next_cursor,

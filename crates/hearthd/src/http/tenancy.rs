@@ -3,6 +3,7 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use hearth_api::{
     ApiKeyInfo, AuditPage, CreateKeyRequest, CreateProjectRequest, CreatedKey, ErrorBody, ErrorCode, KeyList,
@@ -112,16 +113,19 @@ pub async fn usage(
     let db = st.tenancy.db();
     let row = db.project(&name).map_err(internal)?.ok_or_else(not_found)?;
     let held = db.held(&name).map_err(internal)?;
+    let spent_credits = st.sandboxes.spent_credits(&name)?;
     Ok(Json(ProjectUsage {
         project: row.name,
         quota: row.quota,
         running: held.running,
         vcpus: held.vcpus,
         memory_mib: held.memory_mib,
+        spent_credits,
     }))
 }
 
-/// Replace a project's quota (admin). Running sandboxes are not stopped; new ones are admitted under it.
+/// Replace a project's quota (admin). Running sandboxes are not stopped (except by a spent budget or a passed
+/// lifetime, as always); new ones are admitted under it.
 #[utoipa::path(put, path = "/v1/projects/{name}/quota", tag = "projects", request_body = Quota,
     params(("name" = String, Path, description = "Project name")),
     responses((status = 200, body = Project), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
@@ -275,4 +279,73 @@ pub async fn audit(
         .then(|| entries.last().map(|e| e.seq))
         .flatten();
     Ok(Json(AuditPage { entries, next_after }))
+}
+
+/// Filters of `GET /v1/audit/export`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AuditExportQuery {
+    /// Entries after this sequence number (default 0: from the start).
+    pub after: Option<u64>,
+    pub project: Option<String>,
+    pub key_id: Option<String>,
+    /// Only entries at or after this unix millisecond.
+    pub since_ms: Option<i64>,
+}
+
+/// Entries read from the database per chunk of an export.
+const EXPORT_PAGE: u32 = 1000;
+
+/// The audit log as JSON Lines (admin): one entry per line in sequence order, streamed a page at a time, so a
+/// log of any length exports in bounded memory (`hearth audit export`; `hearth audit verify --file` checks an
+/// unfiltered export offline).
+#[utoipa::path(get, path = "/v1/audit/export", tag = "projects", params(AuditExportQuery),
+    responses(
+        (status = 200, description = "One AuditEntry as JSON per line", content_type = "application/x-ndjson", body = String),
+        (status = 403, body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn audit_export(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<AuditExportQuery>,
+) -> axum::response::Response {
+    let first = AuditFilter {
+        after: q.after.unwrap_or(0),
+        limit: EXPORT_PAGE,
+        project: q.project,
+        key_id: q.key_id,
+        since_ms: q.since_ms,
+    };
+    let svc = st.sandboxes.clone();
+    let pages = futures::stream::try_unfold(Some(first), move |next| {
+        let svc = svc.clone();
+        async move {
+            let Some(mut filter) = next else {
+                return Ok(None);
+            };
+            let entries = svc.db().audit_page(&filter).map_err(|e| {
+                tracing::error!(error = %e, "exporting the audit log");
+                std::io::Error::other(e.to_string())
+            })?;
+            let mut lines = Vec::with_capacity(entries.len() * 256);
+            for e in &entries {
+                serde_json::to_writer(&mut lines, e).map_err(std::io::Error::other)?;
+                lines.push(b'\n');
+            }
+            let more = entries.len() == EXPORT_PAGE as usize;
+            let next = match entries.last() {
+                Some(last) if more => {
+                    filter.after = last.seq;
+                    Some(filter)
+                }
+                _ => None,
+            };
+            Ok::<_, std::io::Error>(Some((bytes::Bytes::from(lines), next)))
+        }
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(pages),
+    )
+        .into_response()
 }

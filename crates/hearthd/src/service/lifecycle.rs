@@ -620,11 +620,15 @@ impl Sandboxes {
         Ok(self.to_api(&self.row(id)?))
     }
 
-    /// Lists sandboxes, filtered by `state=` and `metadata.<key>=<value>` query pairs.
-    /// One page of the sandboxes matching `filters` (`state`, `metadata.<key>`), in id order: at most `limit`
-    /// (1-1000, default 1000) after `cursor` (the last id of the previous page). Returns the page and the
-    /// cursor of the next one when more match.
-    pub fn list(&self, filters: &[(String, String)]) -> Result<(Vec<Sandbox>, Option<String>), ServiceError> {
+    /// One page of the sandboxes matching `filters` (`state`, `metadata.<key>`) and, when given, owned by
+    /// `project`, in id order: at most `limit` (1-1000, default 1000) after `cursor` (the last id of the
+    /// previous page). Returns the page and the cursor of the next one when more match. The project is a
+    /// filter like the others, applied before the page is cut, so a page is never short of what matches.
+    pub fn list(
+        &self,
+        filters: &[(String, String)],
+        project: Option<&str>,
+    ) -> Result<(Vec<Sandbox>, Option<String>), ServiceError> {
         let mut state = None;
         let mut meta = Vec::new();
         let mut limit = hearth_api::MAX_LIST_LIMIT;
@@ -662,9 +666,11 @@ impl Sandboxes {
                 )));
             }
         }
+        let owned = project.map(|p| self.db.owned("sandbox", p)).transpose()?;
         let mut rows = self.db.list()?;
         rows.retain(|r| {
             cursor.is_none_or(|c| r.id.as_str() > c)
+                && owned.as_ref().is_none_or(|o| o.contains(&r.id))
                 && state.is_none_or(|s| r.state == s)
                 && meta.iter().all(|(k, v)| r.metadata.get(*k) == Some(*v))
         });

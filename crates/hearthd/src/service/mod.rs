@@ -29,6 +29,7 @@ pub mod mounts;
 pub mod network;
 pub mod pause;
 pub mod pty;
+pub mod quota;
 pub mod remote;
 pub mod snapshot;
 pub mod templates;
@@ -171,6 +172,8 @@ pub struct Settings {
     pub agent_unresponsive: Duration,
     /// Snapshots one sandbox may have at once (`--max-snapshots-per-sandbox`).
     pub max_snapshots_per_sandbox: usize,
+    /// What a running second costs against a project's budget ([`quota::CreditPrices`]).
+    pub credit_prices: quota::CreditPrices,
 }
 
 /// The sandboxes of this daemon: the state database, the VMM driver and the live agent connections.
@@ -188,6 +191,8 @@ pub struct Sandboxes {
     /// The host's capacity and what admitted creates and resumes reserved ([`admission`]).
     pub(crate) host: admission::Host,
     pub(crate) admission: Mutex<admission::Pending>,
+    /// Per-project quota reservations of creates, forks and resumes in flight ([`quota`]).
+    pub(crate) quotas: quota::Admission,
     /// Bucket secrets' key and clients ([`Sandboxes::enable_buckets`], or made on first use).
     pub(crate) buckets: std::sync::OnceLock<buckets::BucketKeys>,
     /// The mount servers of sandboxes with mounted buckets.
@@ -210,6 +215,7 @@ impl Sandboxes {
             net: std::sync::OnceLock::new(),
             host: admission::Host::probe(),
             admission: Mutex::new(admission::Pending::default()),
+            quotas: quota::Admission::default(),
             buckets: std::sync::OnceLock::new(),
             mounts: mounts::MountRuntime::default(),
             storage: std::sync::OnceLock::new(),

@@ -417,6 +417,20 @@ impl Sandboxes {
                 row.id
             )));
         }
+        // A pausing or resuming sandbox is still counted as running; a paused one is not, so its owner's
+        // quota must have room for it, as for an explicit resume.
+        let _reservation = match self.db.owner("sandbox", &row.id)? {
+            Some(project) if row.state == SandboxState::Paused => Some(self.reserve_quota(
+                &project,
+                super::quota::Want {
+                    sandboxes: 1,
+                    vcpus: row.vcpus.into(),
+                    memory_mib: row.memory_mib.into(),
+                    creates: false,
+                },
+            )?),
+            _ => None,
+        };
         self.resume(&row.id).await.map(|_| ())
     }
 }

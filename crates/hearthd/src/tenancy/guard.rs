@@ -15,11 +15,11 @@ use hearth_api::{AuditEntry, ErrorCode, Role};
 use serde_json::Value;
 
 use super::objects::{self, Kind};
-use super::quota::{AdmitError, Reservation, Want};
 use super::{Principal, Tenancy, new_request_id};
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::service::now_ms;
+use crate::service::quota::{Reservation, Want};
 
 /// Largest list answer the filter reads (bigger ones are refused rather than shown unfiltered).
 const ANSWER_LIMIT: usize = 64 * 1024 * 1024;
@@ -220,18 +220,7 @@ fn want(
 }
 
 fn reserve(t: &Tenancy, p: &Principal, w: Want) -> Result<Reservation, ApiError> {
-    let quota = t
-        .db()
-        .project(&p.project)
-        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
-        .map(|row| row.quota)
-        .unwrap_or_default();
-    t.admission
-        .admit(t.db(), &p.project, &quota, w, now_ms())
-        .map_err(|e| match e {
-            AdmitError::Exceeded(m) => ApiError::new(ErrorCode::QuotaExceeded, m),
-            AdmitError::Db(e) => ApiError::new(ErrorCode::Internal, e.to_string()),
-        })
+    t.sandboxes.reserve_quota(&p.project, w).map_err(ApiError::from)
 }
 
 /// Records what a create made, forgets what a delete removed, filters lists.

@@ -1,5 +1,6 @@
 //! Many users on one host: who a request is ([`Principal`], from its key), where it may come from (`Host` and
-//! `Origin`), what its project may still start ([`quota`]), and the middleware that applies all of it and writes
+//! `Origin`), what its project may still start
+//! ([`crate::service::quota`]), and the middleware that applies all of it and writes
 //! the audit log ([`guard`]). Which objects a route touches and who owns them is in [`objects`].
 //!
 //! Keys: the installer's key file stays the bootstrap key (id `bootstrap`, role admin, project `default`,
@@ -9,7 +10,6 @@
 
 pub mod guard;
 pub mod objects;
-pub mod quota;
 pub mod ratelimit;
 
 use std::sync::Arc;
@@ -76,7 +76,6 @@ pub struct Tenancy {
     pub(crate) sandboxes: Arc<Sandboxes>,
     bootstrap: KeyCheck,
     settings: TenancySettings,
-    pub(crate) admission: quota::Admission,
     pub(crate) rate: Option<ratelimit::RateLimiter>,
 }
 
@@ -93,7 +92,6 @@ impl Tenancy {
             bootstrap,
             rate: ratelimit::RateLimiter::new(settings.key_rate_limit),
             settings,
-            admission: quota::Admission::default(),
         })
     }
 

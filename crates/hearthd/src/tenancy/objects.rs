@@ -187,7 +187,8 @@ pub fn record_created(t: &Tenancy, route: &str, answer: &Value, project: &str) -
 /// The object a successful DELETE removes, if the route deletes one.
 pub fn deleted(route: &str, params: &HashMap<String, String>) -> Option<(Kind, String)> {
     let (kind, param) = match route {
-        "/v1/sandboxes/{id}" => (Kind::Sandbox, "id"),
+        // A sandbox's owner row outlives it: ids are never reused, and the project's spent credits count the
+        // running time of its destroyed sandboxes too.
         "/v1/snapshots/{id}" => (Kind::Snapshot, "id"),
         "/v1/templates/{name}" => (Kind::Template, "name"),
         "/v1/networks/{network}" => (Kind::Network, "network"),

@@ -303,6 +303,7 @@ pub fn fixture(connects: usize) -> Fixture {
         ready_timeout: Duration::from_secs(5),
         agent_unresponsive: Duration::from_secs(3),
         max_snapshots_per_sandbox: 64,
+        credit_prices: Default::default(),
     };
     let svc = Sandboxes::new(
         db,

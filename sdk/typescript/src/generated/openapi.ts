@@ -70,6 +70,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/audit/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The audit log as JSON Lines (admin): one entry per line in sequence order, streamed a page at a time, so a
+         *     log of any length exports in bounded memory (`hearth audit export`; `hearth audit verify --file` checks an
+         *     unfiltered export offline).
+         */
+        get: operations["audit_export"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/buckets": {
         parameters: {
             query?: never;
@@ -230,7 +251,10 @@ export interface paths {
             cookie?: never;
         };
         get?: never;
-        /** Replace a project's quota (admin). Running sandboxes are not stopped; new ones are admitted under it. */
+        /**
+         * Replace a project's quota (admin). Running sandboxes are not stopped (except by a spent budget or a passed
+         *     lifetime, as always); new ones are admitted under it.
+         */
         put: operations["set_quota"];
         post?: never;
         delete?: never;
@@ -1454,16 +1478,33 @@ export interface components {
              * @description Sandboxes creating, running, pausing or resuming.
              */
             running: number;
+            /**
+             * Format: double
+             * @description Credits spent by the project's sandboxes so far (compare `quota.budget_credits`).
+             */
+            spent_credits: number;
             /** Format: int64 */
             vcpus: number;
         };
         /** @description Limits of one project; an absent field is unlimited. */
         Quota: {
             /**
+             * Format: int64
+             * @description Credits the project may spend in all (running vCPU-seconds and GiB-seconds at the daemon's prices,
+             *     `--credits-per-vcpu-second`, `--credits-per-gib-second`). Once spent, the project's running sandboxes
+             *     are paused (nothing is lost) and creates, forks and resumes are refused until it is raised.
+             */
+            budget_credits?: number | null;
+            /**
              * Format: int32
              * @description Sandboxes created (or forked) per rolling minute.
              */
             max_creates_per_minute?: number | null;
+            /**
+             * Format: int64
+             * @description Seconds a sandbox may exist (running or paused) from its create; an older one is destroyed.
+             */
+            max_lifetime_s?: number | null;
             /**
              * Format: int64
              * @description Total memory of those sandboxes, in MiB.
@@ -2008,6 +2049,41 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["AuditPage"];
+                };
+            };
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    audit_export: {
+        parameters: {
+            query?: {
+                /** @description Entries after this sequence number (default 0: from the start). */
+                after?: number | null;
+                project?: string | null;
+                key_id?: string | null;
+                /** @description Only entries at or after this unix millisecond. */
+                since_ms?: number | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One AuditEntry as JSON per line */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": string;
                 };
             };
             403: {

@@ -2,16 +2,45 @@
 //! in the database plus creates still in flight) and reserving the new request's share, so parallel creates
 //! cannot pass the last slot together. The reservation is released when the request has answered and, on
 //! success, its sandboxes were recorded as the project's (briefly counted twice: never under).
+//!
+//! The API's middleware reserves for the routes that start sandboxes (creates, forks, resumes); a call that
+//! wakes a paused sandbox on its own (a command, a file, a port, a mount) reserves in [`Sandboxes::wake`]
+//! through [`Sandboxes::reserve_quota`], so auto-resume cannot pass `max_running` either.
+//!
+//! Two limits are not about what starts but about time: a budget in credits (`budget_credits`: running
+//! vCPU-seconds and GiB-seconds at [`CreditPrices`], summed over every sandbox the project owns or owned)
+//! refuses starts once spent, and [`Sandboxes::enforce_quotas`] (called every second by the daemon) pauses the
+//! project's running sandboxes then; `max_lifetime_s` destroys sandboxes older than it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use hearth_api::Quota;
 
+use hearth_api::ErrorCode;
+
+use super::{Sandboxes, ServiceError, now_ms};
 use crate::db::tenancy::Held;
 use crate::db::{Db, DbError};
 
 const MINUTE_MS: i64 = 60_000;
+
+/// Credits per running vCPU-second and per running GiB-second (`--credits-per-vcpu-second`,
+/// `--credits-per-gib-second`; 1 and 1 by default).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CreditPrices {
+    pub per_vcpu_second: f64,
+    pub per_gib_second: f64,
+}
+
+impl Default for CreditPrices {
+    fn default() -> Self {
+        CreditPrices {
+            per_vcpu_second: 1.0,
+            per_gib_second: 1.0,
+        }
+    }
+}
 
 /// What a request would add.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -133,6 +162,71 @@ impl Admission {
             project: project.to_string(),
             want,
         })
+    }
+}
+
+impl Sandboxes {
+    /// Credits `project` has spent so far.
+    pub fn spent_credits(&self, project: &str) -> Result<f64, ServiceError> {
+        let prices = self.settings.credit_prices;
+        Ok(self
+            .db
+            .spent_credits(project, prices.per_vcpu_second, prices.per_gib_second, now_ms())?)
+    }
+
+    /// Admits `want` for `project` under its quota (none set: nothing is limited); a refusal is the typed
+    /// `quota_exceeded` naming the limit.
+    pub(crate) fn reserve_quota(&self, project: &str, want: Want) -> Result<Reservation, ServiceError> {
+        let quota = self.db.project(project)?.map(|row| row.quota).unwrap_or_default();
+        if let Some(budget) = quota.budget_credits
+            && self.spent_credits(project)? >= budget as f64
+        {
+            return Err(ServiceError::Typed(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "project budget_credits = {budget} is spent: raise it (PUT /v1/projects/{project}/quota) \
+                     to start sandboxes again"
+                ),
+            ));
+        }
+        self.quotas
+            .admit(&self.db, project, &quota, want, now_ms())
+            .map_err(|e| match e {
+                AdmitError::Exceeded(m) => ServiceError::Typed(ErrorCode::QuotaExceeded, m),
+                AdmitError::Db(e) => e.into(),
+            })
+    }
+
+    /// One pass over the projects with time limits: the running sandboxes of a project whose budget is spent
+    /// are paused (returned as `(id, "budget")`), sandboxes older than their project's `max_lifetime_s` are
+    /// destroyed (`(id, "lifetime")`). Returns what it must do; the caller runs each in its own task.
+    pub fn quota_actions(&self) -> Result<Vec<(String, &'static str)>, ServiceError> {
+        let now = now_ms();
+        let mut todo = Vec::new();
+        for project in self.db.projects()? {
+            let q = &project.quota;
+            if let Some(budget) = q.budget_credits
+                && self.spent_credits(&project.name)? >= budget as f64
+            {
+                for id in self.db.project_sandboxes(&project.name, &["running"])? {
+                    todo.push((id, "budget"));
+                }
+            }
+            if let Some(max) = q.max_lifetime_s {
+                let max_ms = i64::try_from(max.saturating_mul(1000)).unwrap_or(i64::MAX);
+                let live = ["creating", "running", "pausing", "paused", "resuming", "failed"];
+                for id in self.db.project_sandboxes(&project.name, &live)? {
+                    let old = self
+                        .db
+                        .get(&id)?
+                        .is_some_and(|row| row.created_at_ms.saturating_add(max_ms) <= now);
+                    if old {
+                        todo.push((id, "lifetime"));
+                    }
+                }
+            }
+        }
+        Ok(todo)
     }
 }
 
