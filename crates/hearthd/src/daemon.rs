@@ -299,6 +299,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     tokio::spawn(reaper::watcher(svc.clone()));
     tokio::spawn(crate::service::remote::worker(svc.clone()));
     tokio::spawn(crate::service::remote::gc_loop(svc.clone()));
+    tokio::spawn(crate::service::sync::sync_loop(svc.clone()));
 
     let listener = TcpListener::bind(args.listen)
         .await

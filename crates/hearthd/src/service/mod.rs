@@ -12,6 +12,7 @@
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
 //! - [`remote`]: the storage bucket (`--storage`): background uploads, fetches of missing local copies, GC.
+//! - [`sync`]: disk syncs of running sandboxes to the storage bucket, periodic syncs, recreating from them.
 //! - [`templates`]: templates saved from sandboxes (flattened disk, optional memory), listing, deletion.
 //! - [`usage`]: usage reports from the recorded intervals.
 //! - [`watch`]: directory watches in the guest.
@@ -31,6 +32,7 @@ pub mod pause;
 pub mod pty;
 pub mod remote;
 pub mod snapshot;
+pub mod sync;
 pub mod templates;
 pub mod usage;
 pub mod watch;
