@@ -3,7 +3,8 @@
 //! running; a later write is not synced; the host then loses the sandbox (its VMM killed, so it fails and its
 //! files go) and the local image; a new sandbox recreated from the sync has the file, fetched from the bucket and
 //! verified, and not the later write. Also: a bad interval is a 400, a paused sandbox's sync a 409, a recreate
-//! from a sandbox never synced a 404, and destroying the source removes its image from the bucket.
+//! from a sandbox never synced a 404, destroying the source removes its image from the bucket, and a sandbox
+//! created with `disk_sync_interval_s: 60` is synced by the daemon after a minute.
 
 mod common;
 
@@ -70,6 +71,14 @@ async fn a_synced_disk_recreates_a_sandbox_its_host_lost() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["error"]["code"], "invalid_argument", "{v}");
 
+    // Synced by the daemon itself once a minute (the shortest interval): checked at the end.
+    let periodic = d
+        .create(json!({"template": "minimal", "memory_mib": 128, "disk_sync_interval_s": 60}))
+        .await
+        .id;
+    let periodic_since = std::time::Instant::now();
+    let r = d.sh(&periodic, "echo periodic > /root/p").await;
+    assert_eq!(r.exit_code, 0);
     let a = d
         .create(json!({"template": "minimal", "memory_mib": 128, "disk_sync_interval_s": 3600}))
         .await
@@ -196,4 +205,28 @@ async fn a_synced_disk_recreates_a_sandbox_its_host_lost() {
         stored(&d, &name).await
     );
     d.destroy(&b).await;
+
+    // The periodic sync: no request asked for it, yet the bucket gets the image after the interval.
+    let pname = format!("sandboxes/{periodic}/sync");
+    assert!(
+        wait_until(Duration::from_secs(180), || async {
+            stored(&d, &pname).await.is_some_and(|o| o["sync"] == "synced")
+        })
+        .await,
+        "periodic sync: {:?}\n{}",
+        stored(&d, &pname).await,
+        d.log()
+    );
+    let after = periodic_since.elapsed();
+    println!(
+        "periodic sync in the bucket {:.0} s after the sandbox was created",
+        after.as_secs_f64()
+    );
+    // The interval counts from the creation, a few seconds before `create` answered (the boot).
+    assert!(
+        after >= Duration::from_secs(30),
+        "not before the interval: {after:?}"
+    );
+    assert!(d.log().contains("periodic disk sync"));
+    d.destroy(&periodic).await;
 }

@@ -6,6 +6,7 @@
 //! - [`exec`]: commands (buffered, streamed, background) and the process table.
 //! - [`files`]: file content and metadata in the guest.
 //! - [`fork`]: snapshot objects (checkpoints), creating from them, forks.
+//! - [`console`]: the tail of a VM console log for error messages.
 //! - [`buckets`]: buckets as named credentials (sealed secrets, probe) and their S3 clients.
 //! - [`mounts`]: buckets mounted in sandboxes (one NFS server per sandbox on its gateway, lifecycle hooks).
 //! - [`network`]: sandbox networks (namespaces, egress policy, resolver, proxy), private networks, audit log.
@@ -21,6 +22,7 @@ pub mod admission;
 pub mod agent;
 pub mod boundary;
 pub mod buckets;
+pub mod console;
 pub mod exec;
 pub mod files;
 pub mod fork;
