@@ -128,6 +128,28 @@ async fn a_synced_disk_recreates_a_sandbox_its_host_lost() {
         o["size_bytes"], o["sent_bytes"]
     );
 
+    // The CLI: `hearth sync ID --wait` answers once the bucket holds the image.
+    let hearth = tokio::task::spawn_blocking(hearth_testkit::hearth_bin)
+        .await
+        .expect("hearth");
+    let out = d
+        .hearth(&hearth)
+        .args(["sync", &a, "--wait"])
+        .output()
+        .expect("hearth sync");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(&name) && text.contains("synced"), "{text}");
+    println!("hearth sync --wait:\n{text}");
+    assert_eq!(
+        stored(&d, &name).await.map(|o| o["sync"].clone()),
+        Some(json!("synced"))
+    );
+
     // Written after the sync: must not come back.
     let r = d.sh(&a, "echo late > /root/after-sync && sync").await;
     assert_eq!(r.exit_code, 0);
