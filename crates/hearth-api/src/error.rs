@@ -55,6 +55,11 @@ pub enum ErrorCode {
     StorageCorrupt,
     /// The storage bucket is needed (the local copy is gone) but cannot be reached or has no copy yet.
     StorageUnavailable,
+    /// The operation needs a storage bucket and the daemon runs without one (`hearthd --storage`).
+    StorageNotConfigured,
+    /// The sandbox has no synced disk (`POST /v1/sandboxes/{id}/sync` was never done, or not since it was
+    /// created).
+    NoDiskSync,
     /// Something unexpected went wrong in the daemon.
     Internal,
     /// Any code this client version does not know yet.
@@ -71,6 +76,8 @@ impl ErrorCode {
             ErrorCode::AgentTooOld => 409,
             ErrorCode::StorageCorrupt => 422,
             ErrorCode::StorageUnavailable => 503,
+            ErrorCode::StorageNotConfigured => 409,
+            ErrorCode::NoDiskSync => 404,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden => 403,
             ErrorCode::QuotaExceeded | ErrorCode::RateLimited => 429,
@@ -110,6 +117,8 @@ impl ErrorCode {
             ErrorCode::AgentTooOld => "agent_too_old",
             ErrorCode::StorageCorrupt => "storage_corrupt",
             ErrorCode::StorageUnavailable => "storage_unavailable",
+            ErrorCode::StorageNotConfigured => "storage_not_configured",
+            ErrorCode::NoDiskSync => "no_disk_sync",
             ErrorCode::Internal => "internal",
             ErrorCode::Unknown => "unknown",
         }

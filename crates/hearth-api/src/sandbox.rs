@@ -50,6 +50,16 @@ pub struct CreateSandboxRequest {
     /// `snapshot`: a sandbox restored from a snapshot gets the snapshot's mounts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<crate::MountSpec>,
+    /// Upload a crash-consistent image of the sandbox's disk to the storage bucket every this many seconds
+    /// while it runs (like `POST /v1/sandboxes/{id}/sync`). Needs `hearthd --storage`; at least
+    /// [`crate::MIN_DISK_SYNC_INTERVAL_S`]. Absent: no periodic sync (pauses still upload the disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_sync_interval_s: Option<u64>,
+    /// Start a NEW sandbox (a cold boot of the same template, vCPUs and memory) whose disk is the last disk
+    /// synced from this sandbox (`sbx_...`), fetched from the storage bucket when this host does not have it.
+    /// Not with `snapshot`; `template`, `vcpus` and `memory_mib`, when given, must match the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_sync: Option<String>,
 }
 
 /// What happens to a sandbox when its TTL passes.
@@ -160,6 +170,9 @@ pub struct Sandbox {
     /// The snapshot this sandbox was created from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
+    /// How often its disk is synced to the storage bucket (`disk_sync_interval_s` at create).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_sync_interval_s: Option<u64>,
 }
 
 fn yes() -> bool {

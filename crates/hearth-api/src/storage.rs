@@ -50,6 +50,32 @@ pub struct StoredObject {
     pub last_error: Option<String>,
 }
 
+/// Shortest `disk_sync_interval_s` a create may ask for: each sync stops the guest for a moment and reads its
+/// whole disk overlay.
+pub const MIN_DISK_SYNC_INTERVAL_S: u64 = 60;
+
+/// Body of `POST /v1/sandboxes/{id}/sync`: the disk image just captured from the running sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct DiskSync {
+    pub sandbox_id: String,
+    /// Its name in the bucket (`sandboxes/<id>/sync`); each sync replaces the previous version, uploading only
+    /// the chunks that changed.
+    pub object: String,
+    /// This version (the capture time in Unix milliseconds).
+    pub version: i64,
+    /// RFC 3339 capture time.
+    pub captured_at: String,
+    /// Logical size of the captured disk file.
+    pub size_bytes: u64,
+    /// How long the guest's vCPUs were stopped for the capture, in milliseconds.
+    pub stopped_ms: f64,
+    /// How the disk was copied while stopped: `reflink` (the file system shares extents) or `sparse`.
+    pub copy: String,
+    /// `pending` (uploading in the background; `GET /v1/storage` shows progress) or `synced`.
+    pub upload: String,
+}
+
 /// Body of `POST /v1/storage/gc`: one garbage-collection pass over the bucket.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]

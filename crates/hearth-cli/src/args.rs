@@ -48,6 +48,15 @@ pub enum Command {
     /// Resume a paused sandbox where it was (commands and file operations also resume it by themselves
     /// unless it was created with `--no-auto-resume`).
     Resume { id: String },
+    /// Sync a running sandbox's disk to the storage bucket (it keeps running; its vCPUs stop only while the
+    /// disk is copied). `hearth create --from-sync ID` starts a new sandbox from the last synced disk.
+    Sync {
+        id: String,
+        /// Wait until the bucket holds the image (default: return once it is captured; it uploads in the
+        /// background).
+        #[arg(long)]
+        wait: bool,
+    },
     /// Fork a running sandbox into N children that continue its processes, memory and files.
     Fork {
         id: String,
@@ -348,6 +357,13 @@ pub struct CreateArgs {
     /// Mount a registered bucket (repeatable): `BUCKET[:PREFIX]:PATH[:ro]`, e.g. `data:runs/42/:/mnt/in:ro`.
     #[arg(long = "mount", value_name = "BUCKET[:PREFIX]:PATH[:ro]", value_parser = hearth_client::buckets::parse_mount)]
     pub mounts: Vec<hearth_api::MountSpec>,
+    /// Sync the sandbox's disk to the storage bucket every SECONDS while it runs (at least 60; needs
+    /// `hearthd --storage`).
+    #[arg(long, value_name = "SECONDS")]
+    pub disk_sync_interval: Option<u64>,
+    /// Create a new sandbox (cold boot, same template and shape) from the last synced disk of this sandbox.
+    #[arg(long, value_name = "ID")]
+    pub from_sync: Option<String>,
 }
 
 #[derive(Debug, Args)]

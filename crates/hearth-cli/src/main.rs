@@ -102,6 +102,7 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Rm { ids } => cmd::sandbox::remove(ctx, &ids).await,
         Command::Timeout { id, seconds } => cmd::sandbox::timeout(ctx, &id, seconds).await,
         Command::Pause { id } => cmd::sandbox::pause(ctx, &id).await,
+        Command::Sync { id, wait } => cmd::storage::sync(ctx, &id, wait).await,
         Command::Template(t) => cmd::sandbox::template(ctx, t).await,
         Command::Fork { id, count } => cmd::sandbox::fork(ctx, &id, count).await,
         Command::Snapshot { id } => cmd::sandbox::snapshot(ctx, &id).await,

@@ -26,6 +26,7 @@ fn sandboxes() -> Vec<Sandbox> {
             on_timeout: Default::default(),
             parent_id: None,
             snapshot_id: None,
+            disk_sync_interval_s: None,
         },
         Sandbox {
             id: "sbx_fedcba9876543210".into(),
@@ -42,6 +43,7 @@ fn sandboxes() -> Vec<Sandbox> {
             on_timeout: Default::default(),
             parent_id: None,
             snapshot_id: None,
+            disk_sync_interval_s: None,
         },
     ]
 }

@@ -154,6 +154,21 @@ pub fn copy_sparse(src: &Path, dest: &Path) -> io::Result<()> {
 
 /// [`copy_sparse`] without the fsync: for copies taken while a VM waits, made durable once it runs again.
 pub fn copy_sparse_unsynced(src: &Path, dest: &Path) -> io::Result<()> {
+    copy_unsynced(src, dest).map(|_| ())
+}
+
+/// How a copy was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyMethod {
+    /// The file system shares the extents (`FICLONE`): no data was copied.
+    Reflink,
+    /// Only the data extents were copied; holes stay holes.
+    Sparse,
+}
+
+/// [`copy_sparse_unsynced`], saying whether the file system could share the extents.
+pub fn copy_unsynced(src: &Path, dest: &Path) -> io::Result<CopyMethod> {
     let from = File::open(src)?;
     let to = File::options()
         .write(true)
@@ -180,11 +195,11 @@ pub async fn copy_raw(src: &Path, dest: &Path) -> Result<(), crate::VmmError> {
         .map_err(|e| disk_err(format!("copying {}: {e}", src.display())))
 }
 
-fn clone_or_copy(from: &File, to: &File) -> io::Result<()> {
+fn clone_or_copy(from: &File, to: &File) -> io::Result<CopyMethod> {
     // SAFETY: FICLONE takes the source descriptor as its argument; both descriptors are open for the call.
     let cloned = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) };
     if cloned == 0 {
-        return Ok(());
+        return Ok(CopyMethod::Reflink);
     }
     let len = from.metadata()?.len();
     to.set_len(len)?;
@@ -198,7 +213,7 @@ fn clone_or_copy(from: &File, to: &File) -> io::Result<()> {
         copy_range(from, to, data, hole)?;
         pos = hole;
     }
-    Ok(())
+    Ok(CopyMethod::Sparse)
 }
 
 /// `lseek` with `SEEK_DATA`/`SEEK_HOLE`; `None` when there is no more data (ENXIO).

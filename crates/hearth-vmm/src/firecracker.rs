@@ -693,6 +693,15 @@ impl Vmm for FirecrackerVmm {
         self.finish(spec, &launched, "started").await
     }
 
+    async fn capture_disk(
+        &self,
+        vm: &VmHandle,
+        disk: &Path,
+        dest: &Path,
+    ) -> Result<crate::DiskCapture, VmmError> {
+        self.capture_disk_to(vm, disk, dest).await
+    }
+
     async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {
         // Adopted VMs (after a daemon restart) get their log bounded again here.
         self.consoles.watch(&vm.run_dir, Self::proc_id(vm));

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
 
-pub use disk::DiskFormat;
+pub use disk::{CopyMethod, DiskFormat};
 
 pub mod cgroup;
 pub mod detect;
@@ -283,6 +283,16 @@ impl SnapshotInfo {
     }
 }
 
+/// What [`Vmm::capture_disk`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskCapture {
+    /// How long the vCPUs were stopped (from the stop request to the answer of the continue request).
+    pub stopped: std::time::Duration,
+    pub method: CopyMethod,
+    /// The copy's format (the VM's disk format: QEMU a qcow2 overlay, Firecracker raw).
+    pub format: DiskFormat,
+}
+
 /// The operations every VMM driver provides.
 #[async_trait::async_trait]
 pub trait Vmm: Send + Sync {
@@ -375,6 +385,24 @@ pub trait Vmm: Send + Sync {
         Err(VmmError::Unsupported {
             vmm: self.kind().as_str().to_owned(),
             operation: "snapshot".to_owned(),
+        })
+    }
+
+    /// Copies the running VM's disk `disk` into `dest` (a new file) as of one instant, for a crash-consistent
+    /// image while the VM keeps running: the vCPUs are stopped only for the copy, with the driver's own pause
+    /// (QEMU `stop`/`cont`, which also drains and flushes its block layer; Firecracker `PATCH /vm`), then run
+    /// again; `dest` is fsynced after that. The caller flushes the guest's file systems first. On error the
+    /// VM runs again and `dest` is removed. Default: unsupported.
+    async fn capture_disk(
+        &self,
+        vm: &VmHandle,
+        disk: &std::path::Path,
+        dest: &std::path::Path,
+    ) -> Result<DiskCapture, VmmError> {
+        let _ = (vm, disk, dest);
+        Err(VmmError::Unsupported {
+            vmm: self.kind().as_str().to_owned(),
+            operation: "disk capture".to_owned(),
         })
     }
 

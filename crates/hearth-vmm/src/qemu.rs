@@ -662,6 +662,15 @@ impl Vmm for QemuVmm {
         self.resume_from(spec, snapshot, info).await
     }
 
+    async fn capture_disk(
+        &self,
+        vm: &VmHandle,
+        disk: &Path,
+        dest: &Path,
+    ) -> Result<crate::DiskCapture, VmmError> {
+        self.capture_disk_to(vm, disk, dest).await
+    }
+
     async fn connect_agent(&self, vm: &VmHandle) -> Result<UnixStream, VmmError> {
         // Adopted VMs get their console reader back here; a failure only loses console output.
         if let Err(e) = self.attach_console(vm) {

@@ -310,6 +310,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     tokio::spawn(reaper::quotas(svc.clone()));
     tokio::spawn(crate::service::remote::worker(svc.clone()));
     tokio::spawn(crate::service::remote::gc_loop(svc.clone()));
+    tokio::spawn(crate::service::sync::sync_loop(svc.clone()));
 
     let listener = TcpListener::bind(args.listen)
         .await

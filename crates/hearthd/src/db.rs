@@ -4,6 +4,7 @@
 //! so that a restart can finish or roll back whatever was in flight. Migrations are numbered by SQLite's
 //! `user_version`. Usage intervals live in [`usage`].
 
+pub mod disk_sync;
 pub mod mounts;
 pub mod network;
 pub mod remote;
@@ -136,6 +137,8 @@ const MIGRATIONS: &[&str] = &[
     remote::MIGRATION,
     // 8: projects, scoped keys, object owners, the audit chain (db/tenancy.rs).
     tenancy::MIGRATION,
+    // 9: disk syncs of running sandboxes to the storage bucket (db/disk_sync.rs).
+    disk_sync::MIGRATION,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -369,6 +372,7 @@ impl Db {
         tx.execute("DELETE FROM sandbox_net WHERE sandbox_id = ?1", params![id])?;
         tx.execute("DELETE FROM network_members WHERE sandbox_id = ?1", params![id])?;
         tx.execute("DELETE FROM mounts WHERE sandbox_id = ?1", params![id])?;
+        tx.execute("DELETE FROM disk_syncs WHERE sandbox_id = ?1", params![id])?;
         let n = tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
         tx.commit()?;
         Ok(n == 1)

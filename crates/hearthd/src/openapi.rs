@@ -16,7 +16,7 @@ use crate::http::{
         license(name = "Apache-2.0")),
     paths(
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::destroy, sandboxes::set_timeout,
-        sandboxes::pause, sandboxes::resume, sandboxes::usage, sandboxes::usage_report, sandboxes::boundary,
+        sandboxes::pause, sandboxes::resume, sandboxes::sync, sandboxes::usage, sandboxes::usage_report, sandboxes::boundary,
         sandboxes::fork, sandboxes::snapshot, sandboxes::list_snapshots, sandboxes::delete_snapshot,
         templates::create, templates::list, templates::get, templates::delete,
         commands::run, commands::processes, commands::wait, commands::kill, commands::stdin, pty::pty,

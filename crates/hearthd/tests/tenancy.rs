@@ -150,6 +150,7 @@ async fn every_route_is_scoped_to_its_project_and_role() {
         ("/v1/sandboxes", json!({"snapshot": owned.snapshot})),
         ("/v1/sandboxes", json!({"template": owned.template})),
         ("/v1/templates", json!({"name": "b-tpl", "from_sandbox": sandbox})),
+        ("/v1/sandboxes", json!({"from_sync": sandbox})),
     ] {
         let (s, v, _) = call(&d, &b.key, Method::POST, path, Some(body.clone())).await;
         assert_eq!(s, StatusCode::NOT_FOUND, "{path} {body}: {v}");

@@ -95,6 +95,7 @@ export class CommandExitError extends HearthError implements CommandResult {
 export function errorFromCode(code: string, message: string, status?: number): HearthError {
   switch (code) {
     case "not_found":
+    case "no_disk_sync":
       return new NotFoundError(code, message, status);
     case "unauthorized":
       return new AuthenticationError(code, message, status);
@@ -104,6 +105,7 @@ export function errorFromCode(code: string, message: string, status?: number): H
     case "network_required":
       return new InvalidArgumentError(code, message, status);
     case "conflict":
+    case "storage_not_configured":
       return new ConflictError(code, message, status);
     case "capacity_exceeded":
       return new CapacityError(code, message, status);
@@ -134,6 +136,8 @@ const DAEMON_CODES: Record<components["schemas"]["ErrorCode"], true> = {
   agent_too_old: true,
   storage_corrupt: true,
   storage_unavailable: true,
+  storage_not_configured: true,
+  no_disk_sync: true,
   forbidden: true,
   quota_exceeded: true,
   rate_limited: true,

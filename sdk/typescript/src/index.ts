@@ -8,6 +8,7 @@
 export { Sandbox } from "./sandbox.js";
 export type {
   ConnectOpts,
+  DiskSyncInfo,
   OnTimeout,
   SandboxInfo,
   SandboxLifecycle,

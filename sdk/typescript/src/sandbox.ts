@@ -38,6 +38,25 @@ export interface SandboxInfo {
   parentId?: string | undefined;
   /** The snapshot it was created from. */
   snapshotId?: string | undefined;
+  /** How often its disk is synced to the daemon's storage bucket, in seconds (`diskSyncIntervalMs` at create). */
+  diskSyncIntervalS?: number | undefined;
+}
+
+/** What `sbx.sync()` captured: a crash-consistent image of the running sandbox's disk. */
+export interface DiskSyncInfo {
+  sandboxId: string;
+  /** Its object in the storage bucket (`sandboxes/<id>/sync`). */
+  object: string;
+  /** This image's version (its capture time in Unix milliseconds). */
+  version: number;
+  capturedAt: Date;
+  sizeBytes: number;
+  /** How long the guest's vCPUs were stopped for the capture. */
+  stoppedMs: number;
+  /** `reflink` or `sparse`: how the disk file was copied. */
+  copy: string;
+  /** `pending` (uploading in the background) or `synced`. */
+  upload: string;
 }
 
 /** A snapshot: a sandbox's running state (memory, devices, disk) at one moment. */
@@ -126,6 +145,16 @@ export interface SandboxOpts extends ConnectionOpts, RequestOpts {
   name?: string | undefined;
   /** Registered buckets to mount (`Bucket.create`); needs the daemon's networking. */
   mounts?: MountOpts[] | undefined;
+  /**
+   * Sync the disk to the daemon's storage bucket this often while the sandbox runs (rounded up to seconds; at
+   * least 60 s; needs `hearthd --storage`).
+   */
+  diskSyncIntervalMs?: number | undefined;
+  /**
+   * Create a new sandbox (cold boot, same template, vCPUs and memory) whose disk is the last one synced from this
+   * sandbox (`sbx.sync()`), e.g. after its host lost it.
+   */
+  fromSync?: string | undefined;
 }
 
 /** Options of `Sandbox.connect`. */
@@ -158,6 +187,7 @@ function toInfo(s: Schemas["Sandbox"]): SandboxInfo {
     onTimeout: s.on_timeout ?? "kill",
     parentId: s.parent_id ?? undefined,
     snapshotId: s.snapshot_id ?? undefined,
+    diskSyncIntervalS: s.disk_sync_interval_s ?? undefined,
   };
 }
 
@@ -218,6 +248,9 @@ export class Sandbox {
       networks: opts.networks ?? [],
       name: opts.name ?? null,
       mounts: (opts.mounts ?? []).map(mountBody),
+      disk_sync_interval_s:
+        opts.diskSyncIntervalMs === undefined ? null : msToSeconds(opts.diskSyncIntervalMs, "diskSyncIntervalMs"),
+      from_sync: opts.fromSync ?? null,
     };
     const { data } = await conn.call(opts, (signal) => conn.api.POST("/v1/sandboxes", { body, signal }));
     return new Sandbox(conn, data.id);
@@ -334,6 +367,28 @@ export class Sandbox {
       this.conn.api.POST("/v1/sandboxes/{id}/pause", { params: { path: { id: this.id } }, signal }),
     );
     return toInfo(data);
+  }
+
+  /**
+   * Uploads a crash-consistent image of the running sandbox's disk to the daemon's storage bucket: the guest
+   * flushes its file systems and is stopped only while its disk file is copied; the upload goes on in the
+   * background (`upload: "pending"`). `Sandbox.create({ fromSync: id })` starts a new sandbox from the last image.
+   * Rejects with `ConflictError` when the sandbox is paused (its pause holds its disk) or the daemon has no bucket.
+   */
+  async sync(opts: RequestOpts = {}): Promise<DiskSyncInfo> {
+    const { data } = await this.conn.call(opts, (signal) =>
+      this.conn.api.POST("/v1/sandboxes/{id}/sync", { params: { path: { id: this.id } }, signal }),
+    );
+    return {
+      sandboxId: data.sandbox_id,
+      object: data.object,
+      version: data.version,
+      capturedAt: new Date(data.captured_at),
+      sizeBytes: data.size_bytes,
+      stoppedMs: data.stopped_ms,
+      copy: data.copy,
+      upload: data.upload,
+    };
   }
 
   /** Resumes a paused sandbox where it was. Resolves with its info (state `running`). */

@@ -32,6 +32,8 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
         networks: a.networks,
         name: a.name,
         mounts: a.mounts,
+        disk_sync_interval_s: a.disk_sync_interval,
+        from_sync: a.from_sync,
     };
     let what = match &req.template {
         Some(t) => format!("creating a sandbox from {}", output::clean(t)),

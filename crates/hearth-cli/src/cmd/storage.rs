@@ -1,4 +1,4 @@
-//! `storage status` and `storage gc`: the daemon's storage bucket (`hearthd --storage`).
+//! `storage status`, `storage gc` and `sync`: the daemon's storage bucket (`hearthd --storage`).
 
 use hearth_api::StorageStatus;
 
@@ -51,6 +51,44 @@ fn status_text(s: &StorageStatus, style: Style) -> String {
         ));
     }
     out
+}
+
+/// `hearth sync ID [--wait]`: captures the disk; with `--wait`, polls until the bucket holds it.
+pub async fn sync(ctx: &Ctx, id: &str, wait: bool) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    let spinner = crate::progress::spinner(ctx, format!("syncing the disk of {}", output::clean(id)));
+    let mut s = client.sync_sandbox(id).await;
+    if wait && let Ok(s) = &mut s {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        while s.upload != "synced" {
+            let st = client.storage_status().await?;
+            let o = st.objects.iter().find(|o| o.name == s.object);
+            if o.is_some_and(|o| o.sync == "synced") {
+                s.upload = "synced".into();
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("{} is still not in the bucket after an hour", s.object);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
+    drop(spinner);
+    let s = s?;
+    ctx.emit(&s, || {
+        output::key_values(&[
+            ("object", output::clean(&s.object)),
+            ("version", s.version.to_string()),
+            ("captured at", s.captured_at.clone()),
+            ("size", mib(s.size_bytes)),
+            (
+                "guest stopped",
+                format!("{:.1} ms ({} copy)", s.stopped_ms, output::clean(&s.copy)),
+            ),
+            ("upload", output::clean(&s.upload)),
+        ])
+    })?;
+    Ok(0)
 }
 
 pub async fn storage(ctx: &Ctx, cmd: StorageCommand) -> anyhow::Result<u8> {

@@ -204,6 +204,37 @@ impl FirecrackerVmm {
     }
 }
 
+impl FirecrackerVmm {
+    /// [`crate::Vmm::capture_disk`] for Firecracker: `PATCH /vm Paused`, copy the disk, `Resumed`, fsync.
+    pub(super) async fn capture_disk_to(
+        &self,
+        vm: &VmHandle,
+        disk: &Path,
+        dest: &Path,
+    ) -> Result<crate::DiskCapture, VmmError> {
+        let started = std::time::Instant::now();
+        self.pause(vm).await?;
+        let (from, to) = (disk.to_path_buf(), dest.to_path_buf());
+        let copied = tokio::task::spawn_blocking(move || crate::disk::copy_unsynced(&from, &to))
+            .await
+            .map_err(|e| snap_err(dest, format!("copy task: {e}")))
+            .and_then(|r| r.map_err(io(dest)));
+        let resumed = self.resume(vm).await;
+        let stopped = started.elapsed();
+        let method = copied?;
+        let durable = resumed.and_then(|()| fsync(dest));
+        if let Err(e) = durable {
+            let _ = std::fs::remove_file(dest);
+            return Err(e);
+        }
+        Ok(crate::DiskCapture {
+            stopped,
+            method,
+            format: crate::DiskFormat::Raw,
+        })
+    }
+}
+
 /// Replaces `path` by a fresh copy of itself (a new inode, root's, [`super::snapshot::SNAPSHOT_FILE_MODE`]).
 async fn replace_with_copy(path: &Path) -> Result<(), VmmError> {
     let tmp = path.with_extension("copy");

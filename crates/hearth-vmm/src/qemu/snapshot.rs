@@ -148,6 +148,46 @@ impl QemuVmm {
         })
     }
 
+    /// `stop`, copy the disk overlay (QEMU drained and flushed it on `stop`), `cont`, fsync the copy.
+    pub(super) async fn capture_disk_to(
+        &self,
+        vm: &VmHandle,
+        disk: &Path,
+        dest: &Path,
+    ) -> Result<crate::DiskCapture, VmmError> {
+        let err = |detail: String| VmmError::Snapshot {
+            path: dest.to_path_buf(),
+            detail,
+        };
+        if !self.is_alive(vm) {
+            return Err(err("the VM is not running".to_string()));
+        }
+        let mut q = self.qmp(vm).await?;
+        let started = std::time::Instant::now();
+        q.execute("stop", None).await.map_err(|e| err(e.to_string()))?;
+        let (from, to) = (disk.to_path_buf(), dest.to_path_buf());
+        let copied = tokio::task::spawn_blocking(move || crate::disk::copy_unsynced(&from, &to))
+            .await
+            .map_err(|e| err(format!("copy task: {e}")))
+            .and_then(|r| r.map_err(|e| io(dest, e)));
+        let resumed = q.execute("cont", None).await;
+        let stopped = started.elapsed();
+        let method = copied?;
+        if let Err(e) = resumed {
+            let _ = std::fs::remove_file(dest);
+            return Err(err(format!("continuing after the disk capture: {e}")));
+        }
+        if let Err(e) = fsync_path(dest).await {
+            let _ = std::fs::remove_file(dest);
+            return Err(e);
+        }
+        Ok(crate::DiskCapture {
+            stopped,
+            method,
+            format: crate::DiskFormat::Qcow2,
+        })
+    }
+
     /// Checks that `snapshot` was written by this QEMU for a VM of `spec`'s shape.
     fn check_restorable(&self, spec: &VmSpec, snapshot: &Path, info: &SnapshotInfo) -> Result<(), VmmError> {
         let err = |detail: String| VmmError::Snapshot {

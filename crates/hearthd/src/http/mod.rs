@@ -86,6 +86,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/sandboxes/{id}/pause", post(sandboxes::pause.layer(long)))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume.layer(long)))
+        .route("/sandboxes/{id}/sync", post(sandboxes::sync.layer(long)))
         .route("/sandboxes/{id}/usage", get(sandboxes::usage.layer(quick())))
         .route(
             "/sandboxes/{id}/boundary",

@@ -4,8 +4,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use hearth_api::{
-    CreateSandboxRequest, ErrorBody, ForkRequest, ForkResponse, Sandbox, SandboxBoundary, SandboxList,
-    SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject, UsageReport,
+    CreateSandboxRequest, DiskSync, ErrorBody, ForkRequest, ForkResponse, Sandbox, SandboxBoundary,
+    SandboxList, SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject, UsageReport,
 };
 
 use super::AppState;
@@ -17,7 +17,10 @@ use crate::tenancy::Principal;
     responses(
         (status = 201, description = "The sandbox runs", body = Sandbox),
         (status = 400, description = "Invalid request", body = ErrorBody),
-        (status = 404, description = "Unknown template", body = ErrorBody),
+        (status = 404, description = "Unknown template, or `from_sync` names a sandbox without a synced disk \
+            (`no_disk_sync`)", body = ErrorBody),
+        (status = 409, description = "`disk_sync_interval_s` or `from_sync` without a storage bucket \
+            (`storage_not_configured`)", body = ErrorBody),
         (status = 502, description = "The VM could not be started or its agent did not answer", body = ErrorBody),
         (status = 503, description = "Not enough memory left on the host", body = ErrorBody),
     ),
@@ -108,6 +111,23 @@ pub async fn set_timeout(
     security(("api_key" = [])))]
 pub async fn pause(State(st): State<AppState>, SandboxId(id): SandboxId) -> Result<Json<Sandbox>, ApiError> {
     Ok(Json(st.sandboxes.pause(&id).await?))
+}
+
+/// Sync the running sandbox's disk to the storage bucket: the guest flushes its file systems, its vCPUs stop
+/// only while the disk file is copied, and the copy is uploaded in the background (only changed chunks).
+/// `POST /v1/sandboxes {"from_sync": ID}` creates a new sandbox from the last synced disk.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/sync", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Captured; `upload` says whether the bucket has it yet", body = DiskSync),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Not running (a paused sandbox's pause holds its disk), or no storage \
+            bucket is configured (`storage_not_configured`)", body = ErrorBody),
+        (status = 502, description = "The capture failed; the sandbox keeps running", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn sync(State(st): State<AppState>, SandboxId(id): SandboxId) -> Result<Json<DiskSync>, ApiError> {
+    Ok(Json(st.sandboxes.sync_disk(&id).await?))
 }
 
 /// Resume a paused sandbox into a fresh VM process (processes, memory and files as they were; clock corrected).

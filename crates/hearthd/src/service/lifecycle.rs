@@ -13,6 +13,7 @@ use hearth_vmm::{DiskFormat, VmHandle, VmSpec};
 use rand::RngCore;
 use tokio::time::Instant;
 
+use super::console::console_tail;
 use super::{Live, Sandboxes, ServiceError, clip, now_ms};
 use crate::db::SandboxRow;
 use crate::db::usage::UsageKind;
@@ -45,6 +46,7 @@ struct CreatePlan {
     on_timeout: OnTimeout,
     snapshot: Option<String>,
     net: super::network::NetPlan,
+    disk_sync_interval_s: Option<u64>,
 }
 
 /// Checks environment variable names (`[A-Za-z_][A-Za-z0-9_]*`) and values (no NUL), and the total size.
@@ -129,51 +131,12 @@ pub fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-/// The last lines of a VM's console log, made printable (the guest writes it: untrusted).
-pub fn console_tail(run_dir: &Path) -> Option<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(run_dir.join("console.log")).ok()?;
-    let len = f.metadata().ok()?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    let lines: Vec<String> = text
-        .lines()
-        .map(printable)
-        .filter(|l| !l.trim().is_empty())
-        .collect();
-    let tail = lines[lines.len().saturating_sub(6)..].join(" | ");
-    (!tail.is_empty()).then(|| clip(&tail, 1500))
-}
-
-/// A console line without terminal escape sequences (`ESC [ ... final`) and other control characters.
-fn printable(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            if chars.peek() == Some(&'[') {
-                chars.next();
-                // Parameters and intermediates, up to and including the final byte (@ to ~).
-                for p in chars.by_ref() {
-                    if ('@'..='~').contains(&p) {
-                        break;
-                    }
-                }
-            }
-        } else if !c.is_control() {
-            out.push(c);
-        }
-    }
-    out
-}
-
 impl Sandboxes {
     fn plan(&self, mut req: CreateSandboxRequest) -> Result<CreatePlan, ServiceError> {
         // A template saved with memory starts by restoring its snapshot.
         let mut label = None;
         if req.snapshot.is_none()
+            && req.from_sync.is_none()
             && let Some(t) = &req.template
             && hearth_api::is_valid_template_name(t)
             && let Some(row) = self.db.get_template(t)?
@@ -240,6 +203,7 @@ impl Sandboxes {
         validate_timeout(timeout_s)?;
         validate_env(&req.env)?;
         validate_metadata(&req.metadata)?;
+        self.validate_sync_interval(req.disk_sync_interval_s)?;
         if self.settings.paths.template_base(&template).is_none() {
             return Err(ServiceError::NotFound(format!("template {template} not found")));
         }
@@ -256,6 +220,7 @@ impl Sandboxes {
             on_timeout: req.on_timeout.unwrap_or_default(),
             snapshot: req.snapshot,
             net,
+            disk_sync_interval_s: req.disk_sync_interval_s,
         })
     }
 
@@ -270,9 +235,11 @@ impl Sandboxes {
     /// [`Self::create`], recording `parent` as the new sandbox's parent (forks).
     pub(crate) async fn create_child(
         self: &std::sync::Arc<Self>,
-        req: CreateSandboxRequest,
+        mut req: CreateSandboxRequest,
         parent: Option<String>,
     ) -> Result<Sandbox, ServiceError> {
+        // A recreate from a synced disk takes the source's template and shape, and brings the image here.
+        let synced = self.sync_source(&mut req).await?;
         // A snapshot or saved template whose local copy is gone comes back from the storage bucket.
         self.storage_fetch_for_create(&req).await?;
         let plan = self.plan(req)?;
@@ -324,10 +291,13 @@ impl Sandboxes {
         };
         // The intent goes to disk before anything is started; from here the row holds the VM's share.
         self.db.insert(&row)?;
+        if let Some(interval) = plan.disk_sync_interval_s {
+            self.db.sync_set_interval(&id, interval)?;
+        }
         drop(admission);
         let this = self.clone();
         let net = plan.net;
-        let task = tokio::spawn(async move { this.boot(row, restore, net).await });
+        let task = tokio::spawn(async move { this.boot(row, restore, synced, net).await });
         let result = match task.await {
             Ok(r) => r,
             Err(e) => {
@@ -351,13 +321,17 @@ impl Sandboxes {
         &self,
         row: SandboxRow,
         restore: Option<Restore>,
+        synced: Option<super::sync::SyncedDisk>,
         net: super::network::NetPlan,
     ) -> Result<Sandbox, ServiceError> {
         let lock = self.op_lock(&row.id);
         let _guard = lock.lock().await;
         let dir = self.settings.paths.sandbox_dir(&row.id);
         let mut handle = None;
-        match self.boot_steps(&row, &dir, restore, &net, &mut handle).await {
+        match self
+            .boot_steps(&row, &dir, (restore, synced), &net, &mut handle)
+            .await
+        {
             Ok(live) => {
                 if !self
                     .db
@@ -401,7 +375,7 @@ impl Sandboxes {
         &self,
         row: &SandboxRow,
         dir: &Path,
-        restore: Option<Restore>,
+        (restore, synced): (Option<Restore>, Option<super::sync::SyncedDisk>),
         net: &super::network::NetPlan,
         handle: &mut Option<VmHandle>,
     ) -> Result<std::sync::Arc<Live>, String> {
@@ -427,11 +401,14 @@ impl Sandboxes {
                 DiskFormat::Raw,
             ),
         };
-        let disk = self
-            .vmm
-            .prepare_disk(&base, format, dir)
-            .await
-            .map_err(|e| format!("preparing the disk: {e}"))?;
+        let disk = match &synced {
+            Some(s) => super::sync::place_image(s, dir).await?,
+            None => self
+                .vmm
+                .prepare_disk(&base, format, dir)
+                .await
+                .map_err(|e| format!("preparing the disk: {e}"))?,
+        };
         self.db.set_disk(&row.id, &disk).map_err(|e| e.to_string())?;
         let net = self
             .attach_network(&row.id, net)
@@ -565,6 +542,7 @@ impl Sandboxes {
         self.teardown(id, row.handle.as_ref()).await;
         self.db.delete(id)?;
         self.storage_deleted(super::remote::Kind::Pause, id);
+        self.sync_forget(id);
         if had_peers {
             self.network_gone().await;
         }
@@ -710,6 +688,12 @@ impl Sandboxes {
             on_timeout: row.on_timeout,
             parent_id: row.parent_id.clone(),
             snapshot_id: row.snapshot_id.clone(),
+            disk_sync_interval_s: self
+                .db
+                .sync_get(&row.id)
+                .ok()
+                .flatten()
+                .and_then(|s| s.interval_s),
         }
     }
 
@@ -787,18 +771,5 @@ mod tests {
     fn rfc3339_formats_millis() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_500), "1970-01-01T00:00:01.5Z");
-    }
-
-    #[test]
-    fn console_tail_is_printable() -> std::io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        assert_eq!(console_tail(dir.path()), None);
-        std::fs::write(
-            dir.path().join("console.log"),
-            b"boot\n\x1b[31mred\x1b[0m\n\nlast line\n",
-        )?;
-        let tail = console_tail(dir.path()).unwrap_or_default();
-        assert_eq!(tail, "boot | red | last line");
-        Ok(())
     }
 }

@@ -6,12 +6,14 @@
 //! - [`exec`]: commands (buffered, streamed, background) and the process table.
 //! - [`files`]: file content and metadata in the guest.
 //! - [`fork`]: snapshot objects (checkpoints), creating from them, forks.
+//! - [`console`]: the tail of a VM console log for error messages.
 //! - [`buckets`]: buckets as named credentials (sealed secrets, probe) and their S3 clients.
 //! - [`mounts`]: buckets mounted in sandboxes (one NFS server per sandbox on its gateway, lifecycle hooks).
 //! - [`network`]: sandbox networks (namespaces, egress policy, resolver, proxy), private networks, audit log.
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
 //! - [`remote`]: the storage bucket (`--storage`): background uploads, fetches of missing local copies, GC.
+//! - [`sync`]: disk syncs of running sandboxes to the storage bucket, periodic syncs, recreating from them.
 //! - [`templates`]: templates saved from sandboxes (flattened disk, optional memory), listing, deletion.
 //! - [`usage`]: usage reports from the recorded intervals.
 //! - [`watch`]: directory watches in the guest.
@@ -20,6 +22,7 @@ pub mod admission;
 pub mod agent;
 pub mod boundary;
 pub mod buckets;
+pub mod console;
 pub mod exec;
 pub mod files;
 pub mod fork;
@@ -32,6 +35,7 @@ pub mod pty;
 pub mod quota;
 pub mod remote;
 pub mod snapshot;
+pub mod sync;
 pub mod templates;
 pub mod usage;
 pub mod watch;

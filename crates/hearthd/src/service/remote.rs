@@ -56,6 +56,8 @@ pub enum Kind {
     Pause,
     Snapshot,
     Template,
+    /// A running sandbox's synced disk ([`super::sync`]).
+    Sync,
 }
 
 impl Kind {
@@ -64,6 +66,7 @@ impl Kind {
             Kind::Pause => "pause",
             Kind::Snapshot => "snapshot",
             Kind::Template => "template",
+            Kind::Sync => "sync",
         }
     }
 
@@ -72,16 +75,18 @@ impl Kind {
             "pause" => Some(Kind::Pause),
             "snapshot" => Some(Kind::Snapshot),
             "template" => Some(Kind::Template),
+            "sync" => Some(Kind::Sync),
             _ => None,
         }
     }
 
     /// The object's name in the store (owners are validated ids and template names: `[a-z0-9_-]`).
-    fn object(self, owner: &str) -> String {
+    pub(super) fn object(self, owner: &str) -> String {
         match self {
             Kind::Pause => format!("sandboxes/{owner}/pause"),
             Kind::Snapshot => format!("snapshots/{owner}"),
             Kind::Template => format!("templates/{owner}"),
+            Kind::Sync => format!("sandboxes/{owner}/sync"),
         }
     }
 }
@@ -195,7 +200,7 @@ impl Storage {
     }
 
     /// Stops an upload or delete of `name` in flight and waits (briefly) until its task is gone.
-    async fn cancel(&self, name: &str) {
+    pub(super) async fn cancel(&self, name: &str) {
         let handle = lock(&self.running).remove(name);
         if let Some(h) = handle {
             h.abort();
@@ -464,7 +469,7 @@ impl Sandboxes {
         self.fetch_into(st, &name, dest).await
     }
 
-    async fn fetch_into(&self, st: &Storage, name: &str, dest: &Path) -> Result<(), ServiceError> {
+    pub(super) async fn fetch_into(&self, st: &Storage, name: &str, dest: &Path) -> Result<(), ServiceError> {
         let started = Instant::now();
         // Only the version this host (or another sharing its state database) committed comes back: the bucket
         // may be writable by others, and these files are handed to a VMM (a qcow2 header names files to open).
@@ -521,6 +526,15 @@ impl Sandboxes {
             }
             Kind::Snapshot => (self.settings.paths.snapshot_dir(&row.owner), None),
             Kind::Template => (self.settings.paths.user_templates_dir().join(&row.owner), None),
+            // A lost local image never removes the bucket's copy (it is what a recreate needs).
+            Kind::Sync => match self.db.get(&row.owner) {
+                Ok(Some(_)) => {
+                    let dir = super::sync::image_dir(&self.settings.paths, &row.owner);
+                    std::fs::metadata(&dir).map_err(|e| io(&dir, e))?;
+                    (dir, None)
+                }
+                _ => return Ok(Outcome::Gone),
+            },
         };
         if !dir.is_dir() {
             return Ok(Outcome::Gone);
@@ -707,6 +721,7 @@ impl Sandboxes {
                 hearth_api::is_valid_snapshot_id(&r.owner) && paths.snapshot_dir(&r.owner).is_dir()
             }
             Some(Kind::Template) => paths.user_templates_dir().join(&r.owner).is_dir(),
+            Some(Kind::Sync) => super::sync::image_dir(paths, &r.owner).is_dir(),
             None => false,
         };
         let remote = r.state == RemoteState::Synced;

@@ -197,7 +197,11 @@ fn want(
                 vcpus.unwrap_or(crate::service::lifecycle::DEFAULT_VCPUS.into()),
                 memory.unwrap_or(crate::service::lifecycle::DEFAULT_MEMORY_MIB.into()),
             );
-            (1, shape, true)
+            // A recreate from a synced disk has its source's shape.
+            match body.get("from_sync").and_then(Value::as_str) {
+                Some(src) => (1, shape_of(src)?, true),
+                None => (1, shape, true),
+            }
         }
         // Each child has the parent's shape; an absent body or count is one child.
         "/v1/sandboxes/{id}/fork" => {

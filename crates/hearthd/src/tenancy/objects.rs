@@ -95,6 +95,9 @@ pub fn body_refs(body: &Value) -> Vec<(Kind, String)> {
     if let Some(x) = body.get("from_sandbox").and_then(s) {
         refs.push((Kind::Sandbox, x));
     }
+    if let Some(x) = body.get("from_sync").and_then(s) {
+        refs.push((Kind::Sandbox, x));
+    }
     if let Some(x) = body.get("bucket").and_then(s) {
         refs.push((Kind::Bucket, x));
     }

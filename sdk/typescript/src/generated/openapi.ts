@@ -718,6 +718,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sandboxes/{id}/sync": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Sync the running sandbox's disk to the storage bucket: the guest flushes its file systems, its vCPUs stop
+         *     only while the disk file is copied, and the copy is uploaded in the background (only changed chunks).
+         *     `POST /v1/sandboxes {"from_sync": ID}` creates a new sandbox from the last synced disk.
+         */
+        post: operations["sync"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes/{id}/timeout": {
         parameters: {
             query?: never;
@@ -1136,10 +1157,23 @@ export interface components {
              *     Default true; with false such calls fail with `conflict` until `POST .../resume`.
              */
             auto_resume?: boolean | null;
+            /**
+             * Format: int64
+             * @description Upload a crash-consistent image of the sandbox's disk to the storage bucket every this many seconds
+             *     while it runs (like `POST /v1/sandboxes/{id}/sync`). Needs `hearthd --storage`; at least
+             *     [`crate::MIN_DISK_SYNC_INTERVAL_S`]. Absent: no periodic sync (pauses still upload the disk).
+             */
+            disk_sync_interval_s?: number | null;
             /** @description Environment variables every command in the sandbox starts with. */
             env?: {
                 [key: string]: string;
             };
+            /**
+             * @description Start a NEW sandbox (a cold boot of the same template, vCPUs and memory) whose disk is the last disk
+             *     synced from this sandbox (`sbx_...`), fetched from the storage bucket when this host does not have it.
+             *     Not with `snapshot`; `template`, `vcpus` and `memory_mib`, when given, must match the source.
+             */
+            from_sync?: string | null;
             /**
              * Format: int32
              * @description Guest memory in MiB (128-16384). Default 512.
@@ -1206,6 +1240,36 @@ export interface components {
             project: string;
             role: components["schemas"]["Role"];
         };
+        /** @description Body of `POST /v1/sandboxes/{id}/sync`: the disk image just captured from the running sandbox. */
+        DiskSync: {
+            /** @description RFC 3339 capture time. */
+            captured_at: string;
+            /** @description How the disk was copied while stopped: `reflink` (the file system shares extents) or `sparse`. */
+            copy: string;
+            /**
+             * @description Its name in the bucket (`sandboxes/<id>/sync`); each sync replaces the previous version, uploading only
+             *     the chunks that changed.
+             */
+            object: string;
+            sandbox_id: string;
+            /**
+             * Format: int64
+             * @description Logical size of the captured disk file.
+             */
+            size_bytes: number;
+            /**
+             * Format: double
+             * @description How long the guest's vCPUs were stopped for the capture, in milliseconds.
+             */
+            stopped_ms: number;
+            /** @description `pending` (uploading in the background; `GET /v1/storage` shows progress) or `synced`. */
+            upload: string;
+            /**
+             * Format: int64
+             * @description This version (the capture time in Unix milliseconds).
+             */
+            version: number;
+        };
         /**
          * @description What egress a rule list does not name gets.
          * @enum {string}
@@ -1260,7 +1324,7 @@ export interface components {
          * @description Stable machine-readable error codes. Clients match on these, never on messages.
          * @enum {string}
          */
-        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "forbidden" | "quota_exceeded" | "rate_limited" | "storage_corrupt" | "storage_unavailable" | "internal" | "unknown";
+        ErrorCode: "invalid_json" | "invalid_argument" | "unauthorized" | "not_found" | "payload_too_large" | "conflict" | "capacity_exceeded" | "vmm_failed" | "agent_unavailable" | "guest_error" | "unknown_route" | "method_not_allowed" | "snapshot_corrupt" | "bucket_not_found" | "bucket_access_denied" | "bucket_unreachable" | "network_required" | "agent_too_old" | "forbidden" | "quota_exceeded" | "rate_limited" | "storage_corrupt" | "storage_unavailable" | "storage_not_configured" | "no_disk_sync" | "internal" | "unknown";
         ErrorDetail: {
             code: components["schemas"]["ErrorCode"];
             message: string;
@@ -1581,6 +1645,11 @@ export interface components {
             auto_resume?: boolean;
             /** @description RFC 3339 creation time. */
             created_at: string;
+            /**
+             * Format: int64
+             * @description How often its disk is synced to the storage bucket (`disk_sync_interval_s` at create).
+             */
+            disk_sync_interval_s?: number | null;
             /** @description RFC 3339 time at which the TTL destroys the sandbox. */
             end_at: string;
             /** @description Why the sandbox failed, when `state` is `failed`. */
@@ -2750,8 +2819,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Unknown template */
+            /** @description Unknown template, or `from_sync` names a sandbox without a synced disk (`no_disk_sync`) */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `disk_sync_interval_s` or `from_sync` without a storage bucket (`storage_not_configured`) */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4083,6 +4161,55 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    sync: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Captured; `upload` says whether the bucket has it yet */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DiskSync"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not running (a paused sandbox's pause holds its disk), or no storage bucket is configured (`storage_not_configured`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The capture failed; the sandbox keeps running */
             502: {
                 headers: {
                     [name: string]: unknown;
