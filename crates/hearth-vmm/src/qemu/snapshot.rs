@@ -302,7 +302,15 @@ async fn running_machine(q: &mut Qmp, run_dir: &Path) -> Result<Machine, String>
         Ok(_) => Ram::Base(PathBuf::new()),
     };
     let balloon = q.execute("query-balloon", None).await.is_ok();
-    Ok(Machine { ram, balloon })
+    // Machines from before `serial2` have no device of that id.
+    let serial = json!({ "path": "/machine/peripheral/serial", "property": "max_ports" });
+    let serial2 =
+        matches!(q.execute("qom-get", Some(serial)).await, Ok(Value::Number(n)) if n.as_u64() == Some(2));
+    Ok(Machine {
+        ram,
+        balloon,
+        serial2,
+    })
 }
 
 /// The memory file a VM's QEMU says it opened, accepted only as a regular file inside the VM's run directory:
