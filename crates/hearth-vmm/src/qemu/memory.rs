@@ -17,7 +17,7 @@
 //! not use back: QEMU punches those pages out of the memory file, so neither host memory nor the snapshot keeps
 //! them. The guest reports free blocks of 2 MiB and more (pageblock order 9), two seconds after they were
 //! freed; by the agent's handshake a booted `minimal` guest of 256 MiB has reported all of those and keeps
-//! ~106 MiB of the file: its kernel image, slab, module code and free blocks smaller than 2 MiB (the Debian 6.1
+//! ~104 MiB of the file: its kernel image, slab, module code and free blocks smaller than 2 MiB (the Debian 6.1
 //! kernel reports no smaller blocks even with `page_reporting.page_reporting_order` lowered). docs/benchmarks.md
 //! ("Idle host memory") has the measurements.
 //!
