@@ -125,18 +125,23 @@ fn pids_with_cmdline(needle: &str) -> Vec<u32> {
 /// Proportional set size (KiB) of the VMM process serving sandbox `id` (its command line names the sandbox's
 /// run directory).
 pub fn vmm_pss_kib(id: &str) -> Option<u64> {
-    let pid = pids_with_cmdline(id).into_iter().find(|pid| {
-        std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map(|p| {
-                let s = p.to_string_lossy();
-                s.contains("qemu") || s.contains("firecracker")
-            })
-            .unwrap_or(false)
-    })?;
+    let pid = vmm_pid(id)?;
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     rollup
         .lines()
         .find(|l| l.starts_with("Pss:"))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
+}
+
+/// The VMM process serving sandbox `id` (its command line names the sandbox's run directory).
+pub fn vmm_pid(id: &str) -> Option<u32> {
+    pids_with_cmdline(id).into_iter().find(|pid| {
+        std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| {
+                let s = p.to_string_lossy();
+                s.contains("qemu") || s.contains("firecracker")
+            })
+            .unwrap_or(false)
+    })
 }

@@ -15,6 +15,7 @@ mod abuse;
 mod boot;
 mod daemon;
 mod fakenet;
+mod idle;
 mod kvm;
 mod mounts;
 mod net;
@@ -137,6 +138,21 @@ struct Args {
     /// Resume rounds of the storage rows (each: from the bucket, from the local copy, a cold create).
     #[arg(long, default_value_t = 3)]
     storage_rounds: usize,
+    /// Seconds after a sandbox's last command (in `--only-idle` its only one) at which its host memory is
+    /// sampled.
+    #[arg(long, default_value = "2,15", value_delimiter = ',')]
+    idle_at: Vec<u64>,
+    /// Only the idle-memory rows (template `--template`, `--memory-mib`): one sandbox sampled at `--idle-at`,
+    /// then `--idle-sandboxes` idle at once for sandboxes per GiB of host memory.
+    #[arg(long, conflicts_with_all = ["only_net", "external", "only_boot", "only_mounts", "kvm_host", "only_abuse", "only_storage"])]
+    only_idle: bool,
+    /// Idle sandboxes kept at once in the density rows.
+    #[arg(long, default_value_t = 4)]
+    idle_sandboxes: usize,
+    /// `KEY=VALUE` for a second private daemon measured after the first in the same run (repeatable), e.g.
+    /// `HEARTH_GUEST_KERNEL_ARGS=...` to compare a guest setting with the default side by side.
+    #[arg(long)]
+    idle_compare_env: Vec<String>,
 }
 
 fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
@@ -195,6 +211,9 @@ async fn main() -> Result<()> {
     }
     if args.only_abuse {
         return only_abuse(&args).await;
+    }
+    if args.only_idle {
+        return only_idle(&args).await;
     }
     if args.only_storage {
         return only_storage(&args).await;
@@ -326,6 +345,53 @@ async fn only_abuse(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// `--only-idle`: a private daemon without networking (and a second one with `--idle-compare-env`).
+async fn only_idle(args: &Args) -> Result<()> {
+    let idle_args = idle::IdleArgs {
+        template: args.template.clone(),
+        memory_mib: args.memory_mib,
+        sandboxes: args.idle_sandboxes,
+        at: args.idle_at.iter().map(|s| Duration::from_secs(*s)).collect(),
+    };
+    let mut setups = vec![("default".to_owned(), Vec::new())];
+    if !args.idle_compare_env.is_empty() {
+        let mut env = Vec::new();
+        for kv in &args.idle_compare_env {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("--idle-compare-env {kv:?}: expected KEY=VALUE"))?;
+            env.push((k.to_owned(), v.to_owned()));
+        }
+        setups.push((args.idle_compare_env.join(" "), env));
+    }
+    let off = ["--network".to_owned(), "off".to_owned()];
+    let mut rows = Vec::new();
+    let mut system = None;
+    for (i, (name, env)) in setups.iter().enumerate() {
+        let daemon = daemon::Daemon::spawn_env(args.hearthd.clone(), &off, env).await?;
+        system = Some(daemon.client.system().await.context("GET /v1/system")?);
+        let label = if setups.len() > 1 {
+            format!("{}: ", (b'A' + i as u8) as char)
+        } else {
+            String::new()
+        };
+        if setups.len() > 1 {
+            eprintln!("hearth-bench: {label}{name}");
+        }
+        rows.extend(idle::rows(&daemon.client, &idle_args, &label).await?);
+    }
+    let system = system.context("no daemon ran")?;
+    println!(
+        "hearth-bench: vmm={} accel={} template={} memory={} MiB host_cpus={} (idle memory rows only)",
+        system.vmm, system.accel, args.template, args.memory_mib, system.capacity.host_cpus
+    );
+    for (i, (name, _)) in setups.iter().enumerate().skip(1) {
+        println!("{}: {name}", (b'A' + i as u8) as char);
+    }
+    println!("\n{}", stats::render(&rows));
+    Ok(())
+}
+
 /// `--only-storage`: a private daemon without networking, its state in a local s3s-fs.
 async fn only_storage(args: &Args) -> Result<()> {
     let run = storage_rows::run(&storage_rows::StorageArgs {
@@ -442,9 +508,9 @@ async fn run(args: &Args, client: &Client, data_dir: Option<&std::path::Path>) -
         rtt.push(t.elapsed());
     }
 
-    // Host memory of the idle sandbox's VMM process.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let pss = daemon::vmm_pss_kib(&kept.id);
+    // Host memory of the idle sandbox at points in time after its last command.
+    let idle_at: Vec<Duration> = args.idle_at.iter().map(|s| Duration::from_secs(*s)).collect();
+    let idle = idle::samples_at(&kept.id, Instant::now(), &idle_at).await;
 
     // Pause to zero and resume, on the same idle sandbox.
     let mut pause = Samples::default();
@@ -463,6 +529,13 @@ async fn run(args: &Args, client: &Client, data_dir: Option<&std::path::Path>) -
         anyhow::ensure!(res.exit_code == 0, "true after resume exited {}", res.exit_code);
         resume.push(t.elapsed());
     }
+    // The same idle sandbox in the VMM process its last resume started: what booting left behind in QEMU (under
+    // TCG its translated-code buffer) is gone, guest RAM is still the memory file's page cache.
+    let resumed_idle = if args.pause_cycles > 0 {
+        idle::samples_at(&kept.id, Instant::now(), &idle_at).await
+    } else {
+        Vec::new()
+    };
 
     // Bytes a re-pause writes, idle and after the guest dirtied some memory.
     let repause = match data_dir {
@@ -532,12 +605,12 @@ async fn run(args: &Args, client: &Client, data_dir: Option<&std::path::Path>) -
         ),
         wall.as_secs_f64() / (args.concurrent as f64 * first_cmd.p50().as_secs_f64()).max(1e-9),
     ));
-    rows.push(Row::value(
-        "host memory of an idle sandbox (VMM PSS)",
-        match pss {
-            Some(kib) => format!("{:.1} MiB (guest {} MiB)", kib as f64 / 1024.0, args.memory_mib),
-            None => "n/a (VMM process not found)".to_owned(),
-        },
+    rows.extend(idle::time_rows("", &idle_at, &idle, args.memory_mib));
+    rows.extend(idle::time_rows(
+        "after pause + resume: ",
+        &idle_at,
+        &resumed_idle,
+        args.memory_mib,
     ));
     rows.push(Row::samples(
         "pause (device state to disk, memory file synced, VMM exits)",

@@ -330,6 +330,10 @@ impl QemuVmm {
             " hearth.transport=serial hearth.hostname={}",
             spec.hostname
         ));
+        if let Some(extra) = memory::extra_kernel_args() {
+            append.push(' ');
+            append.push_str(extra);
+        }
         if let Some((n, _)) = &net {
             append.push(' ');
             append.push_str(&crate::net_kernel_arg());
@@ -382,7 +386,7 @@ impl QemuVmm {
             "virtio-blk-device,drive=root".into(),
             // Agent channel: a virtio-serial port, migratable (pause/resume needs that).
             "-device".into(),
-            "virtio-serial-device".into(),
+            machine.serial_device().into(),
             "-chardev".into(),
             format!(
                 "socket,id=agent,path={},server=on,wait=off",

@@ -15,7 +15,11 @@
 //!
 //! Free page reporting (`virtio-balloon-device,free-page-reporting=on`) lets an idle guest hand memory it does
 //! not use back: QEMU punches those pages out of the memory file, so neither host memory nor the snapshot keeps
-//! them.
+//! them. The guest reports free blocks of 2 MiB and more (pageblock order 9), two seconds after they were
+//! freed; by the agent's handshake a booted `minimal` guest of 256 MiB has reported all of those and keeps
+//! ~104 MiB of the file: its kernel image, slab, module code and free blocks smaller than 2 MiB (the Debian 6.1
+//! kernel reports no smaller blocks even with `page_reporting.page_reporting_order` lowered). docs/benchmarks.md
+//! ("Idle host memory") has the measurements.
 //!
 //! A snapshot records the machine's features ([`SnapshotInfo::features`]); a restore rebuilds exactly that
 //! machine, so snapshots from before a feature existed keep loading.
@@ -30,9 +34,31 @@ pub const MEMORY_FILE: &str = "memory";
 pub const FEATURE_MEMFILE: &str = "memfile";
 /// Feature: a virtio balloon with free page reporting.
 pub const FEATURE_BALLOON: &str = "balloon";
+/// Feature: the virtio-serial device has 2 ports (`max_ports=2`, id `serial`) instead of QEMU's 31. The guest
+/// sets up a 1024-entry ring pair for every possible port (virtio-mmio offers 1024 entries): with 2 ports an
+/// idle guest keeps 4 MiB less of its RAM (docs/benchmarks.md, "Idle host memory"). Port 0 stays reserved for
+/// a console, the agent's port is 1.
+pub const FEATURE_SERIAL2: &str = "serial2";
 /// The features of machines this driver builds for fresh boots.
 pub fn current_features() -> Vec<String> {
     Machine::fresh(Path::new("")).features()
+}
+
+/// Whether `HEARTH_QEMU_FEATURES_OFF` (comma-separated feature names; `balloon` and `serial2` are honoured)
+/// turns `feature` off for fresh boots, so that a benchmark can compare machines with and without it side by
+/// side. Snapshots record what their machine had, so restores are not affected.
+fn feature_off(feature: &str) -> bool {
+    static OFF: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    OFF.get_or_init(|| {
+        std::env::var("HEARTH_QEMU_FEATURES_OFF")
+            .unwrap_or_default()
+            .split(',')
+            .map(|f| f.trim().to_owned())
+            .filter(|f| !f.is_empty())
+            .collect()
+    })
+    .iter()
+    .any(|f| f == feature)
 }
 
 /// How a launch maps guest RAM.
@@ -51,6 +77,8 @@ pub enum Ram {
 pub struct Machine {
     pub ram: Ram,
     pub balloon: bool,
+    /// [`FEATURE_SERIAL2`].
+    pub serial2: bool,
 }
 
 impl Machine {
@@ -58,7 +86,8 @@ impl Machine {
     pub fn fresh(run_dir: &Path) -> Machine {
         Machine {
             ram: Ram::Own(run_dir.join(MEMORY_FILE)),
-            balloon: true,
+            balloon: !feature_off(FEATURE_BALLOON),
+            serial2: !feature_off(FEATURE_SERIAL2),
         }
     }
 
@@ -68,6 +97,7 @@ impl Machine {
         Machine {
             ram: if has(FEATURE_MEMFILE) { ram } else { Ram::Anonymous },
             balloon: has(FEATURE_BALLOON),
+            serial2: has(FEATURE_SERIAL2),
         }
     }
 
@@ -80,7 +110,19 @@ impl Machine {
         if self.balloon {
             f.push(FEATURE_BALLOON.to_string());
         }
+        if self.serial2 {
+            f.push(FEATURE_SERIAL2.to_string());
+        }
         f
+    }
+
+    /// The `-device` value of the agent's virtio-serial bus.
+    pub fn serial_device(&self) -> &'static str {
+        if self.serial2 {
+            "virtio-serial-device,id=serial,max_ports=2"
+        } else {
+            "virtio-serial-device"
+        }
     }
 
     /// Whether migrations of this machine leave RAM out of the stream (it lives in a shared file).
@@ -129,5 +171,82 @@ impl Machine {
         } else {
             Vec::new()
         }
+    }
+}
+
+/// Extra guest kernel arguments from `HEARTH_GUEST_KERNEL_ARGS`, for operators and benchmarks that try guest
+/// memory settings (e.g. `slub_max_order=0`) without a new build. Only plain `key=value` words are taken
+/// (letters, digits and `_ . , = : / -`, at most 512 bytes in all); anything else is ignored with a warning.
+pub fn extra_kernel_args() -> Option<&'static str> {
+    static ARGS: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ARGS.get_or_init(|| {
+        let v = std::env::var("HEARTH_GUEST_KERNEL_ARGS").ok()?;
+        let v = v.trim();
+        if v.is_empty() {
+            return None;
+        }
+        if !plain_kernel_args(v) {
+            tracing::warn!(
+                value = v,
+                "HEARTH_GUEST_KERNEL_ARGS ignored: only plain key=value words are allowed"
+            );
+            return None;
+        }
+        Some(v.to_owned())
+    })
+    .as_deref()
+}
+
+/// Whether `v` is a short list of plain kernel command-line words.
+fn plain_kernel_args(v: &str) -> bool {
+    v.len() <= 512
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b" _.,=:/-".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_kernel_words_pass() {
+        assert!(plain_kernel_args("slub_max_order=0 init_on_alloc=0"));
+        assert!(plain_kernel_args(
+            "page_reporting.page_reporting_order=5 slub_debug=U,kmalloc-4k"
+        ));
+        // Quoting, new lines, shell or QEMU metacharacters, and very long values are refused.
+        for bad in ["a=\"b c\"", "x=1\ny=2", "x=$(id)", "a;b", "init=/bin/sh\0"] {
+            assert!(!plain_kernel_args(bad), "{bad:?}");
+        }
+        assert!(!plain_kernel_args(&"a".repeat(513)));
+    }
+
+    fn info(features: &[&str]) -> SnapshotInfo {
+        SnapshotInfo {
+            kind: crate::VmmKind::Qemu,
+            vmm_version: "QEMU 10.0.2".into(),
+            files: Vec::new(),
+            disk: None,
+            disk_format: None,
+            memory_mib: 256,
+            vcpus: 1,
+            memory_file: None,
+            features: features.iter().map(|f| f.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_restore_builds_the_serial_bus_its_snapshot_had() {
+        let ram = || Ram::Own(PathBuf::from("/r/memory"));
+        // Snapshots from before `serial2` get QEMU's default bus of 31 ports back (the migration stream has it).
+        let old = Machine::of(&info(&[FEATURE_MEMFILE, FEATURE_BALLOON]), ram());
+        assert_eq!(old.serial_device(), "virtio-serial-device");
+        assert_eq!(old.features(), [FEATURE_MEMFILE, FEATURE_BALLOON]);
+        let new = Machine::of(&info(&[FEATURE_MEMFILE, FEATURE_BALLOON, FEATURE_SERIAL2]), ram());
+        assert_eq!(new.serial_device(), "virtio-serial-device,id=serial,max_ports=2");
+        assert_eq!(
+            new.features(),
+            [FEATURE_MEMFILE, FEATURE_BALLOON, FEATURE_SERIAL2]
+        );
     }
 }

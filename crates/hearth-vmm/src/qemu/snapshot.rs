@@ -342,7 +342,18 @@ async fn running_machine(q: &mut Qmp, run_dir: &Path) -> Result<Machine, String>
         Ok(_) => Ram::Base(PathBuf::new()),
     };
     let balloon = q.execute("query-balloon", None).await.is_ok();
-    Ok(Machine { ram, balloon })
+    let serial = json!({ "path": "/machine/peripheral/serial", "property": "max_ports" });
+    let serial2 = match q.execute("qom-get", Some(serial)).await {
+        Ok(ports) => ports.as_u64() == Some(2),
+        // Machines from before `serial2` have no device of that id.
+        Err(super::qmp::QmpError::Command { .. }) => false,
+        Err(e) => return Err(format!("qom-get max_ports: {e}")),
+    };
+    Ok(Machine {
+        ram,
+        balloon,
+        serial2,
+    })
 }
 
 /// The memory file a VM's QEMU says it opened, accepted only as a regular file inside the VM's run directory:
