@@ -296,6 +296,42 @@ impl Db {
         raws.into_iter().map(RawRow::parse).collect()
     }
 
+    /// One page of sandboxes in id order, filtered in SQL so that a page costs what it returns, not what the
+    /// host holds: ids after `f.after`, in `f.state`, owned by `f.project`, whose metadata has every pair of
+    /// `f.metadata`; at most `f.limit` rows.
+    pub fn list_page(&self, f: &ListFilter<'_>) -> Result<Vec<SandboxRow>, DbError> {
+        use rusqlite::types::Value as V;
+        let mut sql = format!("{SELECT} WHERE id > ?1");
+        let mut args: Vec<V> = vec![V::Text(f.after.unwrap_or("").to_string())];
+        if let Some(state) = f.state {
+            args.push(V::Text(state.to_string()));
+            sql += &format!(" AND state = ?{}", args.len());
+        }
+        if let Some(project) = f.project {
+            args.push(V::Text(project.to_string()));
+            sql += &format!(
+                " AND id IN (SELECT key FROM owners WHERE kind = 'sandbox' AND project = ?{})",
+                args.len()
+            );
+        }
+        for (k, v) in f.metadata {
+            args.push(V::Text((*k).to_string()));
+            args.push(V::Text((*v).to_string()));
+            let (ki, vi) = (args.len() - 1, args.len());
+            sql += &format!(
+                " AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) m WHERE m.key = ?{ki} AND m.value = ?{vi})"
+            );
+        }
+        args.push(V::Integer(i64::try_from(f.limit).unwrap_or(i64::MAX)));
+        sql += &format!(" ORDER BY id LIMIT ?{}", args.len());
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let raws = stmt
+            .query_map(rusqlite::params_from_iter(args), RawRow::read)?
+            .collect::<Result<Vec<_>, _>>()?;
+        raws.into_iter().map(RawRow::parse).collect()
+    }
+
     /// Sets the state (and the error, cleared when `None`). Returns false when the row does not exist.
     pub fn set_state(&self, id: &str, state: SandboxState, error: Option<&str>) -> Result<bool, DbError> {
         let n = self.lock().execute(
@@ -412,6 +448,16 @@ impl Db {
 
 const SELECT: &str = "SELECT id, state, template, vcpus, memory_mib, created_at, end_at, env, metadata, vmm, handle, \
                       error, auto_resume, on_timeout, timeout_s, parent_id, snapshot_id, paused, disk FROM sandboxes";
+
+/// Filters of [`Db::list_page`].
+#[derive(Debug, Default)]
+pub struct ListFilter<'a> {
+    pub after: Option<&'a str>,
+    pub state: Option<&'a str>,
+    pub project: Option<&'a str>,
+    pub metadata: &'a [(&'a str, &'a str)],
+    pub limit: usize,
+}
 
 /// A row as SQLite returns it, before the JSON and enum columns are parsed.
 struct RawRow {

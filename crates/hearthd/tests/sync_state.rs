@@ -66,5 +66,9 @@ async fn without_storage_sync_is_a_typed_error_and_bad_intervals_are_refused() {
     };
     let e = f.svc.create(req).await.expect_err("both");
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
-    assert_eq!(f.svc.list(&[], None).expect("list").0.len(), 1, "nothing was created");
+    assert_eq!(
+        f.svc.list(&[], None).expect("list").0.len(),
+        1,
+        "nothing was created"
+    );
 }

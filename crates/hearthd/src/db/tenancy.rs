@@ -245,16 +245,6 @@ impl Db {
             .optional()?)
     }
 
-    /// The keys of every `kind` object `project` owns.
-    pub fn owned(&self, kind: &str, project: &str) -> Result<std::collections::HashSet<String>, DbError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare("SELECT key FROM owners WHERE kind = ?1 AND project = ?2")?;
-        let keys = stmt
-            .query_map(params![kind, project], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        Ok(keys)
-    }
-
     /// Records that `project` owns the object `object`, named `keys` in routes (replacing stale rows).
     pub fn set_owner(&self, kind: &str, object: &str, keys: &[&str], project: &str) -> Result<(), DbError> {
         let mut conn = self.lock();

@@ -636,7 +636,7 @@ impl Sandboxes {
                 }
                 cursor = Some(v);
             } else if let Some(key) = k.strip_prefix("metadata.") {
-                meta.push((key, v));
+                meta.push((key, v.as_str()));
             } else {
                 return Err(ServiceError::InvalidArgument(format!(
                     "unknown filter {:?}",
@@ -644,15 +644,13 @@ impl Sandboxes {
                 )));
             }
         }
-        let owned = project.map(|p| self.db.owned("sandbox", p)).transpose()?;
-        let mut rows = self.db.list()?;
-        rows.retain(|r| {
-            cursor.is_none_or(|c| r.id.as_str() > c)
-                && owned.as_ref().is_none_or(|o| o.contains(&r.id))
-                && state.is_none_or(|s| r.state == s)
-                && meta.iter().all(|(k, v)| r.metadata.get(*k) == Some(*v))
-        });
-        rows.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let mut rows = self.db.list_page(&crate::db::ListFilter {
+            after: cursor,
+            state: state.map(SandboxState::as_str),
+            project,
+            metadata: &meta,
+            limit: limit + 1,
+        })?;
         let next = (rows.len() > limit).then(|| rows[limit - 1].id.clone());
         rows.truncate(limit);
         Ok((rows.iter().map(|r| self.to_api(r)).collect(), next))

@@ -1,0 +1,233 @@
+//! Control plane under load (issue 13, item 4): p50/p95/p99 of `GET /v1/sandboxes` (one page of 100) and
+//! `GET /v1/sandboxes/{id}` over real HTTP against the daemon's real router, state database and lifecycle
+//! code, with 100 and then 1,000 sandboxes (8 running, the rest paused), idle and while 4 clients create, exec
+//! in and destroy sandboxes and 4 more run commands, each back to back (a load far above what real guests
+//! allow, since the test VMM answers at once). The VMM is the in-process test VMM of
+//! `tests/fake` (a `sleep` process per VM, a small agent that answers commands): what is measured is hearthd's
+//! own bookkeeping, not a guest. Run: `cargo bench -p hearthd --bench control_plane` (prints a table).
+
+#[path = "../tests/fake/mod.rs"]
+mod fake;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hearthd::AppState;
+use serde_json::{Value, json};
+
+/// Requests per measured route and phase.
+const SAMPLES: usize = 400;
+/// Clients of each kind that keep the daemon busy in the loaded phases.
+const CLIENTS: usize = 4;
+
+struct Bench {
+    base: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl Bench {
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        match req.send().await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                (status, resp.json().await.unwrap_or(Value::Null))
+            }
+            Err(e) => (0, json!({ "transport": e.to_string() })),
+        }
+    }
+
+    /// Times `n` sequential GETs of `path(i)`; every answer must be 200.
+    async fn time_gets(&self, n: usize, path: impl Fn(usize) -> String) -> Vec<Duration> {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let p = path(i);
+            let t = Instant::now();
+            let (status, v) = self.call(reqwest::Method::GET, &p, None).await;
+            out.push(t.elapsed());
+            assert_eq!(status, 200, "GET {p}: {v}");
+        }
+        out
+    }
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
+}
+
+fn row(what: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    println!(
+        "| {what} | {} | {:.2} ms | {:.2} ms | {:.2} ms |",
+        samples.len(),
+        pct(&samples, 50.0),
+        pct(&samples, 95.0),
+        pct(&samples, 99.0)
+    );
+}
+
+/// Sandboxes kept running (the host admits 8 vCPUs per core: 2 cores hold 16, and the load's creates need 4).
+const RUNNING: usize = 8;
+
+/// Brings the daemon to `total` sandboxes: [`RUNNING`] running (listed in `running`), the rest paused.
+async fn populate(f: &fake::Fixture, ids: &mut Vec<String>, running: &mut Vec<String>, total: usize) {
+    while ids.len() < total {
+        let sbx = f.svc.create(fake::create_req(3600)).await.expect("create");
+        if running.len() < RUNNING {
+            running.push(sbx.id.clone());
+        } else {
+            f.svc.pause(&sbx.id).await.expect("pause");
+        }
+        ids.push(sbx.id);
+    }
+}
+
+/// Starts the load: creators (create, one command, destroy) and command runners on the running sandboxes.
+fn load(
+    b: &Arc<Bench>,
+    running: &[String],
+    stop: &Arc<AtomicBool>,
+    done: &Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let (b, stop, done) = (b.clone(), stop.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let (s, v) = b
+                    .call(
+                        reqwest::Method::POST,
+                        "/v1/sandboxes",
+                        Some(json!({"template": "minimal"})),
+                    )
+                    .await;
+                assert_eq!(s, 201, "create: {v}");
+                let id = v["id"].as_str().unwrap_or_default().to_string();
+                let cmd = json!({"cmd": format!("echo {c}")});
+                let (s, v) = b
+                    .call(
+                        reqwest::Method::POST,
+                        &format!("/v1/sandboxes/{id}/commands"),
+                        Some(cmd),
+                    )
+                    .await;
+                assert_eq!(s, 200, "command: {v}");
+                let (s, v) = b
+                    .call(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+                    .await;
+                assert_eq!(s, 204, "destroy: {v}");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for c in 0..CLIENTS {
+        let id = running[c % running.len()].clone();
+        let (b, stop, done) = (b.clone(), stop.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let cmd = json!({"cmd": "echo busy"});
+                let (s, v) = b
+                    .call(
+                        reqwest::Method::POST,
+                        &format!("/v1/sandboxes/{id}/commands"),
+                        Some(cmd),
+                    )
+                    .await;
+                assert_eq!(s, 200, "command: {v}");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tasks
+}
+
+async fn measure(b: &Arc<Bench>, ids: &[String], running: &[String], label: &str, loaded: bool) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let tasks = if loaded {
+        load(b, running, &stop, &done)
+    } else {
+        Vec::new()
+    };
+    let started = Instant::now();
+    let n = ids.len();
+    let page = b
+        .time_gets(SAMPLES, |i| {
+            // Pages from all over the id space: the cursor is an existing id.
+            let mut sorted_pos = (i * 97) % n;
+            sorted_pos -= sorted_pos % 100;
+            if sorted_pos == 0 {
+                "/v1/sandboxes?limit=100".to_string()
+            } else {
+                format!("/v1/sandboxes?limit=100&cursor={}", ids[sorted_pos])
+            }
+        })
+        .await;
+    let get = b
+        .time_gets(SAMPLES, |i| format!("/v1/sandboxes/{}", ids[(i * 131) % n]))
+        .await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("load task");
+    }
+    let load_note = if loaded {
+        format!(
+            ", under load ({} creates+commands / commands done, {:.1}/s)",
+            done.load(Ordering::Relaxed),
+            done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+        )
+    } else {
+        ", idle".to_string()
+    };
+    row(&format!("list a page of 100, {label}{load_note}"), page);
+    row(&format!("get one sandbox, {label}{load_note}"), get);
+}
+
+#[tokio::main]
+async fn main() {
+    let f = fake::fixture(usize::MAX / 2);
+    let db = hearthd::db::Db::open(&f.svc.settings().paths.db()).expect("db");
+    let key_file = f.svc.settings().paths.api_key();
+    let keys = hearthd::auth::ensure_key(&db, &key_file, 0).expect("key");
+    let key = std::fs::read_to_string(&key_file)
+        .expect("key file")
+        .trim()
+        .to_string();
+    let tenancy = hearthd::tenancy::Tenancy::new(f.svc.clone(), keys.clone(), Default::default());
+    let state = AppState {
+        sandboxes: f.svc.clone(),
+        keys,
+        metrics: None,
+        tenancy,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let app = hearthd::app(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(listener, app).await.expect("serve")
+    });
+    let b = Arc::new(Bench {
+        base: format!("http://{addr}"),
+        key,
+        http: reqwest::Client::new(),
+    });
+    println!("| measurement | n | p50 | p95 | p99 |");
+    println!("|---|---:|---:|---:|---:|");
+    let (mut ids, mut running) = (Vec::new(), Vec::new());
+    for total in [100, 1000] {
+        populate(&f, &mut ids, &mut running, total).await;
+        ids.sort();
+        let label = format!("{total} sandboxes ({} paused)", total - running.len());
+        measure(&b, &ids, &running, &label, false).await;
+        measure(&b, &ids, &running, &label, true).await;
+    }
+}
