@@ -146,7 +146,7 @@ fn token_reaches(
     }
     // A token must not outlive its minter's rights by minting longer-lived credentials.
     if route == "/v1/tokens" || route.starts_with("/v1/keys") {
-        return forbidden("a token cannot mint tokens or keys".into());
+        return forbidden("a token cannot mint tokens nor use the keys routes".into());
     }
     // `/mcp` is not about a sandbox; the tools' calls carry the token's scope (api_token_for_mcp).
     if let Some(sandbox) = &limits.sandbox
