@@ -1273,6 +1273,14 @@ export interface components {
             project: string;
             role: components["schemas"]["Role"];
         };
+        /**
+         * @description Answer of `POST /v1/tokens`: a short-lived token signed by the daemon, presented like a key (header or
+         *     WebSocket subprotocol, never in a URL).
+         */
+        CreatedToken: {
+            expires_at: string;
+            token: string;
+        };
         /** @description Body of `POST /v1/sandboxes/{id}/sync`: the disk image just captured from the running sandbox. */
         DiskSync: {
             /** @description RFC 3339 capture time. */
@@ -1302,14 +1310,6 @@ export interface components {
              * @description This version (the capture time in Unix milliseconds).
              */
             version: number;
-        };
-        /**
-         * @description Answer of `POST /v1/tokens`: a short-lived token signed by the daemon, presented like a key (header or
-         *     WebSocket subprotocol, never in a URL).
-         */
-        CreatedToken: {
-            expires_at: string;
-            token: string;
         };
         /**
          * @description What egress a rule list does not name gets.
