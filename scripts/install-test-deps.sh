@@ -4,6 +4,7 @@
 # - s3s-fs 0.14.1 (crates.io; checks SigV4 signatures, keeps objects as plain files), built with cargo into
 #   /opt/hearth/test-tools/bin (about 6 minutes the first time);
 # - moto[server] (PyPI; AWS semantics, in memory) in the virtualenv /opt/hearth/test-tools/venv.
+# - chromium-headless-shell (Debian) for the browser test of tokens and CORS (crates/hearthd/tests/browser.rs).
 # crates/hearth-testkit/src/s3.rs finds them there (or through HEARTH_S3S_FS / HEARTH_MOTO_SERVER).
 set -euo pipefail
 
@@ -17,6 +18,10 @@ mkdir -p "$root"
 if ! "$root/bin/s3s-fs" --version 2>/dev/null | grep -q "$s3s_version"; then
   echo "install-test-deps: building s3s-fs $s3s_version (a few minutes)" >&2
   nice cargo install -q --locked --root "$root" s3s-fs --version "$s3s_version" --features binary
+fi
+
+if ! command -v chromium-headless-shell >/dev/null 2>&1; then
+  apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null
 fi
 
 venv="$root/venv"

@@ -24,6 +24,15 @@ pub enum Role {
 }
 
 impl Role {
+    /// How much a role may do (viewer 0, member 1, admin 2): a token's role is at most its minter's.
+    pub fn rank(self) -> u8 {
+        match self {
+            Role::Viewer => 0,
+            Role::Member => 1,
+            Role::Admin => 2,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Admin => "admin",
@@ -156,6 +165,73 @@ pub struct CreatedKey {
     pub role: Role,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+}
+
+/// What an access token reaches: the minting key's whole project, or one of its sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum TokenScope {
+    /// Every object of the project (as the minting key).
+    Project,
+    /// One sandbox (by id): other sandboxes answer 404, routes about no sandbox 403.
+    Sandbox(String),
+}
+
+/// Which routes an access token reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum TokenPurpose {
+    /// The `/v1` routes (and exposed ports).
+    Api,
+    /// `/mcp` only.
+    Mcp,
+    /// The terminal route `/v1/sandboxes/{id}/pty` only.
+    Pty,
+}
+
+impl TokenPurpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenPurpose::Api => "api",
+            TokenPurpose::Mcp => "mcp",
+            TokenPurpose::Pty => "pty",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TokenPurpose> {
+        match s {
+            "api" => Some(TokenPurpose::Api),
+            "mcp" => Some(TokenPurpose::Mcp),
+            "pty" => Some(TokenPurpose::Pty),
+            _ => None,
+        }
+    }
+}
+
+/// Body of `POST /v1/tokens`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateTokenRequest {
+    pub scope: TokenScope,
+    pub purpose: TokenPurpose,
+    /// Seconds the token stays valid (1-3600). Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// At most the minting key's role (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+}
+
+/// Answer of `POST /v1/tokens`: a short-lived token signed by the daemon, presented like a key (header or
+/// WebSocket subprotocol, never in a URL).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct CreatedToken {
+    pub token: String,
+    pub expires_at: String,
 }
 
 /// Answer of `GET /v1/keys`.

@@ -143,6 +143,9 @@ pub enum Command {
         /// Seconds the URL stays valid (default 3600).
         #[arg(long)]
         ttl: Option<u64>,
+        /// Revoke every token issued so far for the port instead (their URLs stop working at once).
+        #[arg(long, conflicts_with = "ttl")]
+        revoke: bool,
     },
     /// Serve hearth's tools to an AI agent over MCP on stdin/stdout (uses --url and the API key like every
     /// command; see docs/mcp.md).
@@ -166,6 +169,9 @@ pub enum Command {
     /// API keys scoped to a project and role (admin): create, ls, revoke.
     #[command(subcommand)]
     Key(crate::cmd::tenancy::KeyCommand),
+    /// Short-lived access tokens for browsers and WebSocket clients: create.
+    #[command(subcommand)]
+    Token(crate::cmd::tenancy::TokenCommand),
     /// The audit log (admin): verify its hash chain.
     #[command(subcommand)]
     Audit(crate::cmd::tenancy::AuditCommand),

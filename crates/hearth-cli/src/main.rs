@@ -131,8 +131,15 @@ async fn run(ctx: &Ctx, command: Command) -> anyhow::Result<u8> {
         Command::Mounts { id } => cmd::buckets::mounts(ctx, &id).await,
         Command::Project(c) => cmd::tenancy::project(ctx, c).await,
         Command::Key(c) => cmd::tenancy::key(ctx, c).await,
+        Command::Token(c) => cmd::tenancy::token(ctx, c).await,
         Command::Audit(c) => cmd::tenancy::audit(ctx, c).await,
-        Command::Expose { id, port, ttl } => cmd::net::expose(ctx, &id, port, ttl).await,
+        Command::Expose {
+            id,
+            port,
+            revoke: true,
+            ..
+        } => cmd::net::revoke_port_tokens(ctx, &id, port).await,
+        Command::Expose { id, port, ttl, .. } => cmd::net::expose(ctx, &id, port, ttl).await,
         Command::Completions { shell } => {
             let mut command = Cli::command();
             let mut stdout = std::io::stdout();

@@ -80,4 +80,11 @@ impl Client {
         self.call(Method::POST, url, Some(&PortTokenRequest { ttl_s }))
             .await
     }
+
+    /// `DELETE /v1/sandboxes/{id}/ports/{port}/token`: every token issued so far for the port stops working.
+    pub async fn revoke_port_tokens(&self, id: &str, port: u16) -> Result<(), Error> {
+        let port = port.to_string();
+        let url = self.url(&["v1", "sandboxes", id, "ports", &port, "token"]);
+        self.call_no_content::<()>(Method::DELETE, url, None).await
+    }
 }

@@ -39,6 +39,15 @@ impl Client {
             .await
     }
 
+    /// `POST /v1/tokens`: a short-lived access token for a browser or WebSocket client.
+    pub async fn create_token(
+        &self,
+        req: &hearth_api::CreateTokenRequest,
+    ) -> Result<hearth_api::CreatedToken, Error> {
+        self.call(Method::POST, self.url(&["v1", "tokens"]), Some(req))
+            .await
+    }
+
     /// `GET /v1/keys`.
     pub async fn list_keys(&self) -> Result<KeyList, Error> {
         self.call::<(), _>(Method::GET, self.url(&["v1", "keys"]), None)

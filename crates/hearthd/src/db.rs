@@ -139,6 +139,8 @@ const MIGRATIONS: &[&str] = &[
     tenancy::MIGRATION,
     // 9: disk syncs of running sandboxes to the storage bucket (db/disk_sync.rs).
     disk_sync::MIGRATION,
+    // 10: the generation of each exposed port's tokens (bumped to revoke them: db/network.rs).
+    network::PORT_TOKENS_MIGRATION,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -409,6 +411,7 @@ impl Db {
         tx.execute("DELETE FROM network_members WHERE sandbox_id = ?1", params![id])?;
         tx.execute("DELETE FROM mounts WHERE sandbox_id = ?1", params![id])?;
         tx.execute("DELETE FROM disk_syncs WHERE sandbox_id = ?1", params![id])?;
+        tx.execute("DELETE FROM port_tokens WHERE sandbox_id = ?1", params![id])?;
         let n = tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
         tx.commit()?;
         Ok(n == 1)

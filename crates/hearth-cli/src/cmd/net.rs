@@ -116,3 +116,10 @@ pub async fn expose(ctx: &Ctx, id: &str, port: u16, ttl: Option<u64>) -> anyhow:
     ctx.emit(&t, || format!("{}\n", t.url))?;
     Ok(0)
 }
+
+/// `hearth expose ID PORT --revoke`: the port's tokens issued so far stop working.
+pub async fn revoke_port_tokens(ctx: &Ctx, id: &str, port: u16) -> anyhow::Result<u8> {
+    ctx.client()?.revoke_port_tokens(id, port).await?;
+    eprintln!("hearth: tokens of port {port} revoked");
+    Ok(0)
+}

@@ -1,7 +1,9 @@
-//! `project create|ls|quota`, `key create|ls|revoke`, `audit verify|export`.
+//! `project create|ls|quota`, `key create|ls|revoke`, `token create`, `audit verify|export`.
 
 use clap::Subcommand;
-use hearth_api::{CreateKeyRequest, CreateProjectRequest, Quota, Role};
+use hearth_api::{
+    CreateKeyRequest, CreateProjectRequest, CreateTokenRequest, Quota, Role, TokenPurpose, TokenScope,
+};
 
 use crate::Ctx;
 use crate::output;
@@ -82,6 +84,52 @@ pub enum KeyCommand {
     Ls,
     /// Revoke a key, effective at once.
     Revoke { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Mint a short-lived token of this key (printed; with --json `{token, expires_at}`). Present it like a key:
+    /// `Authorization: Bearer <token>` or the WebSocket subprotocol `hearth.key.<token>`.
+    Create {
+        /// Only this sandbox (default: the key's whole project).
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// api (the /v1 routes), mcp (/mcp only) or pty (the terminal route only).
+        #[arg(long, default_value = "api", value_parser = parse_purpose)]
+        purpose: TokenPurpose,
+        /// Lifetime: seconds, or a number with s, m or h (default 300 s, at most 1 h).
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<u64>,
+        /// At most the key's own role (the default).
+        #[arg(long, value_parser = parse_role)]
+        role: Option<Role>,
+    },
+}
+
+fn parse_purpose(s: &str) -> Result<TokenPurpose, String> {
+    TokenPurpose::parse(s).ok_or_else(|| format!("unknown purpose {s:?} (api, mcp or pty)"))
+}
+
+pub async fn token(ctx: &Ctx, cmd: TokenCommand) -> anyhow::Result<u8> {
+    let client = ctx.client()?;
+    let TokenCommand::Create {
+        sandbox,
+        purpose,
+        ttl,
+        role,
+    } = cmd;
+    let req = CreateTokenRequest {
+        scope: sandbox.map_or(TokenScope::Project, TokenScope::Sandbox),
+        purpose,
+        ttl_s: ttl,
+        role,
+    };
+    let t = client.create_token(&req).await?;
+    ctx.emit(&t, || {
+        eprintln!("hearth: token valid until {}", t.expires_at);
+        format!("{}\n", t.token)
+    })?;
+    Ok(0)
 }
 
 #[derive(Debug, Subcommand)]

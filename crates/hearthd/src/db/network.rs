@@ -48,7 +48,40 @@ fn parse_net(raw: (String, String, Option<String>, String)) -> Result<SandboxNet
     })
 }
 
+/// Migration 10: per exposed port, the generation its tokens are signed with (0 when absent).
+pub const PORT_TOKENS_MIGRATION: &str = "CREATE TABLE port_tokens (
+        sandbox_id TEXT NOT NULL,
+        port       INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        PRIMARY KEY (sandbox_id, port)
+    );";
+
 impl Db {
+    /// The generation port `port` of sandbox `id` signs its tokens with.
+    pub fn port_token_generation(&self, id: &str, port: u16) -> Result<u64, DbError> {
+        let g: Option<i64> = self
+            .lock()
+            .query_row(
+                "SELECT generation FROM port_tokens WHERE sandbox_id = ?1 AND port = ?2",
+                params![id, port],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(g.map_or(0, |g| g.max(0) as u64))
+    }
+
+    /// Bumps the generation of port `port` of sandbox `id` (every token issued before stops working).
+    pub fn bump_port_token_generation(&self, id: &str, port: u16) -> Result<u64, DbError> {
+        let g: i64 = self.lock().query_row(
+            "INSERT INTO port_tokens (sandbox_id, port, generation) VALUES (?1, ?2, 1)
+             ON CONFLICT (sandbox_id, port) DO UPDATE SET generation = generation + 1
+             RETURNING generation",
+            params![id, port],
+            |r| r.get(0),
+        )?;
+        Ok(g.max(0) as u64)
+    }
+
     /// Records a sandbox's network identity. Fails (constraint) when the address or name is taken.
     pub fn insert_sandbox_net(&self, row: &SandboxNetRow) -> Result<(), DbError> {
         self.lock().execute(

@@ -205,6 +205,12 @@ impl Db {
             .optional()?)
     }
 
+    /// The key with id `id`, if any (revoked and expired ones too: the caller decides).
+    pub fn key_by_id(&self, id: &str) -> Result<Option<KeyRow>, DbError> {
+        let sql = format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1");
+        Ok(self.lock().query_row(&sql, params![id], key_row).optional()?)
+    }
+
     pub fn keys(&self) -> Result<Vec<KeyRow>, DbError> {
         let conn = self.lock();
         let mut stmt = conn.prepare(&format!(

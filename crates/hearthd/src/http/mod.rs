@@ -160,7 +160,7 @@ pub fn app(state: AppState) -> Router {
         .route("/sandboxes/{id}/network/log", get(network::log.layer(quick())))
         .route(
             "/sandboxes/{id}/ports/{port}/token",
-            post(ports::token.layer(quick())),
+            post(ports::token.layer(quick())).delete(ports::revoke_tokens.layer(quick())),
         )
         .route(
             "/networks",
@@ -192,6 +192,7 @@ pub fn app(state: AppState) -> Router {
             "/keys/{id}",
             axum::routing::delete(tenancy::revoke_key.layer(quick())),
         )
+        .route("/tokens", post(tenancy::create_token.layer(quick())))
         .route("/audit", get(tenancy::audit.layer(quick())))
         .route("/audit/export", get(tenancy::audit_export))
         .route_layer(middleware::from_fn_with_state(

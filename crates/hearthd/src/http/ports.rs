@@ -2,8 +2,14 @@
 //! through the sandbox's own network namespace. Nothing reaches a sandbox from outside any other way.
 //!
 //! A request needs the API key, or a token from `POST /v1/sandboxes/{id}/ports/{port}/token`: signed by the
-//! daemon (HMAC-SHA256), bound to one sandbox and one port, expiring. The key and the token are removed before
-//! the request reaches the guest.
+//! daemon (HMAC-SHA256), bound to one sandbox and one port, expiring, revoked all at once by
+//! `DELETE /v1/sandboxes/{id}/ports/{port}/token`. The key and the token are removed before the request reaches
+//! the guest.
+//!
+//! Cookies: every sandbox's ports are served from the API's own origin, where a browser would send one
+//! sandbox's cookies to every other sandbox (and to the API). So the proxy strips `Cookie` from requests and
+//! `Set-Cookie` from answers: a guest's web app cannot keep cookie sessions through hearth, and cannot read or
+//! plant another sandbox's.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -87,6 +93,25 @@ pub async fn token(
             expires_at: crate::service::lifecycle::rfc3339(expires_ms),
         }),
     ))
+}
+
+/// Revoke every token issued so far for one port of a sandbox (tokens issued afterwards work).
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/ports/{port}/token", tag = "networks",
+    params(("id" = String, Path, description = "Sandbox id"), ("port" = u16, Path, description = "Guest port")),
+    responses(
+        (status = 204, description = "The port's tokens no longer open it"),
+        (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn revoke_tokens(
+    State(st): State<AppState>,
+    SandboxId(id): SandboxId,
+    axum::extract::Path(path): axum::extract::Path<PortPath>,
+) -> Result<StatusCode, ApiError> {
+    let port = parse_port(&path.port)?;
+    st.sandboxes.revoke_port_tokens(&id, port)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Forward a request to a port of the guest (HTTP and WebSocket). Authorised by the API key or a port token
@@ -178,7 +203,14 @@ async fn forward_inner(st: &AppState, req: &mut Request) -> Result<Response, Api
         .body(std::mem::replace(req.body_mut(), Body::empty()))
         .map_err(|e| ApiError::new(ErrorCode::InvalidArgument, format!("request: {e}")))?;
     for (name, value) in req.headers() {
-        if name == header::AUTHORIZATION || name == header::HOST {
+        if name == header::AUTHORIZATION || name == header::HOST || name == header::COOKIE {
+            continue;
+        }
+        // A key or token offered as a WebSocket subprotocol stays here too.
+        if name == header::SEC_WEBSOCKET_PROTOCOL {
+            if let Some(kept) = without_key_protocols(value) {
+                out.headers_mut().append(name.clone(), kept);
+            }
             continue;
         }
         out.headers_mut().append(name.clone(), value.clone());
@@ -201,12 +233,40 @@ async fn forward_inner(st: &AppState, req: &mut Request) -> Result<Response, Api
             }
         });
     }
-    let (parts, body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    // One origin for every sandbox: no guest may set cookies there (see the module's comment).
+    parts.headers.remove(header::SET_COOKIE);
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// A `Sec-WebSocket-Protocol` value without its `hearth.key.` entries (`None` when nothing is left).
+fn without_key_protocols(value: &HeaderValue) -> Option<HeaderValue> {
+    let text = value.to_str().ok()?;
+    let kept: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && !p.starts_with(crate::tenancy::KEY_PROTOCOL_PREFIX))
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&kept.join(", ")).ok()
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn keys_offered_as_subprotocols_do_not_reach_the_guest() {
+        use axum::http::HeaderValue;
+        let v = HeaderValue::from_static("chat, hearth.key.hk_secret,v2");
+        assert_eq!(
+            super::without_key_protocols(&v),
+            Some(HeaderValue::from_static("chat, v2"))
+        );
+        let v = HeaderValue::from_static("hearth.key.ht1.x");
+        assert_eq!(super::without_key_protocols(&v), None);
+    }
+
     #[test]
     fn port_paths_split() {
         assert_eq!(

@@ -6,8 +6,8 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use hearth_api::{
-    ApiKeyInfo, AuditPage, CreateKeyRequest, CreateProjectRequest, CreatedKey, ErrorBody, ErrorCode, KeyList,
-    Project, ProjectList, ProjectUsage, Quota,
+    ApiKeyInfo, AuditPage, CreateKeyRequest, CreateProjectRequest, CreateTokenRequest, CreatedKey,
+    CreatedToken, ErrorBody, ErrorCode, KeyList, Project, ProjectList, ProjectUsage, Quota, TokenScope,
 };
 use serde::Deserialize;
 
@@ -144,6 +144,74 @@ pub async fn set_quota(
         .map_err(internal)?
         .ok_or_else(|| internal("project vanished"))?;
     Ok(Json(project(row)))
+}
+
+/// Mint a short-lived access token for browsers and WebSocket clients (any non-viewer key, for its own
+/// project; never more than the key may do). Present it like a key: `Authorization: Bearer <token>` or the
+/// WebSocket subprotocol `hearth.key.<token>`, never in a URL. A token cannot mint tokens or keys.
+#[utoipa::path(post, path = "/v1/tokens", tag = "projects", request_body = CreateTokenRequest,
+    responses(
+        (status = 201, body = CreatedToken),
+        (status = 400, body = ErrorBody),
+        (status = 403, description = "A viewer key, a token, or a role above the key's", body = ErrorBody),
+        (status = 404, description = "No such sandbox in the key's project", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn create_token(
+    State(st): State<AppState>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<CreateTokenRequest>,
+) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+    use crate::tenancy::token;
+    let ttl = req.ttl_s.unwrap_or(token::DEFAULT_TTL_S);
+    if !(1..=token::MAX_TTL_S).contains(&ttl) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("ttl_s must be between 1 and {}", token::MAX_TTL_S),
+        ));
+    }
+    let role = req.role.unwrap_or(p.role);
+    if role.rank() > p.role.rank() {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "a token's role is at most the minting key's ({})",
+                p.role.as_str()
+            ),
+        ));
+    }
+    let sandbox = match req.scope {
+        TokenScope::Project => None,
+        TokenScope::Sandbox(id) => {
+            let not_found = || ApiError::new(ErrorCode::NotFound, format!("no such sandbox {id:?}"));
+            let exists =
+                hearth_api::is_valid_sandbox_id(&id) && st.tenancy.db().get(&id).map_err(internal)?.is_some();
+            let owned =
+                crate::tenancy::objects::owns(&st.tenancy, &p, crate::tenancy::objects::Kind::Sandbox, &id)
+                    .map_err(internal)?;
+            if !exists || !owned {
+                return Err(not_found());
+            }
+            Some(id)
+        }
+    };
+    let expires_ms = now_ms().saturating_add((ttl * 1000) as i64);
+    let claims = token::Claims {
+        key_id: p.key_id,
+        project: p.project,
+        role,
+        sandbox,
+        purpose: req.purpose,
+        expires_ms,
+    };
+    let token = st.tenancy.mint(&claims)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedToken {
+            token,
+            expires_at: rfc3339(expires_ms),
+        }),
+    ))
 }
 
 /// Create an API key for a project (admin). The answer is the only time the key is shown.

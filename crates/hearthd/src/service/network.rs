@@ -255,12 +255,22 @@ pub(crate) fn load_key_file(path: &std::path::Path) -> std::io::Result<[u8; 32]>
     Ok(key)
 }
 
-/// HMAC-SHA256 of a port token's claims, hex.
-fn sign_port_claims(key: &[u8; 32], claims: &str) -> String {
+/// HMAC-SHA256 of a token's claims under a daemon key, hex (port tokens; access tokens, crate::tenancy::token).
+pub(crate) fn sign_claims(key: &[u8; 32], claims: &str) -> String {
     use hmac::Mac;
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes any key length");
     mac.update(claims.as_bytes());
     hex::encode(mac.finalize().into_bytes())
+}
+
+/// What a port token signs: the sandbox, the port, the expiry and, once tokens were revoked, the generation
+/// (generation 0 keeps the claims of tokens issued before revocation existed).
+fn port_claims(id: &str, port: u16, generation: u64, expires_ms: i64) -> String {
+    if generation == 0 {
+        format!("{id}:{port}:{expires_ms}")
+    } else {
+        format!("{id}:{port}:{expires_ms}:g{generation}")
+    }
 }
 
 /// Checks a network name: 1-32 of `[a-z0-9-]`, starting with a letter, not ending with `-`.
@@ -691,13 +701,23 @@ impl Sandboxes {
     }
 
     /// A token for port `port` of sandbox `id`, valid `ttl_s` seconds: `<expiry ms>.<hmac>`, the HMAC over
-    /// the sandbox, the port and the expiry. Returns it with the expiry.
+    /// the sandbox, the port, the expiry and the port's token generation ([`Sandboxes::revoke_port_tokens`]). Returns it with the expiry.
     pub fn port_token(&self, id: &str, port: u16, ttl_s: u64) -> Result<(String, i64), ServiceError> {
         self.sandbox_net_row(id)?;
         let net = self.require_net()?;
         let expires = now_ms().saturating_add(i64::try_from(ttl_s * 1000).unwrap_or(i64::MAX));
-        let mac = sign_port_claims(&net.port_key, &format!("{id}:{port}:{expires}"));
+        let generation = self.db.port_token_generation(id, port)?;
+        let mac = sign_claims(&net.port_key, &port_claims(id, port, generation, expires));
         Ok((format!("{expires}.{mac}"), expires))
+    }
+
+    /// Revokes every token issued so far for port `port` of sandbox `id` (the generation they are signed with
+    /// moves on; persisted, so a restart does not bring them back).
+    pub fn revoke_port_tokens(&self, id: &str, port: u16) -> Result<(), ServiceError> {
+        self.sandbox_net_row(id)?;
+        self.require_net()?;
+        self.db.bump_port_token_generation(id, port)?;
+        Ok(())
     }
 
     /// Whether `token` opens port `port` of sandbox `id` now (constant-time comparison of the signature).
@@ -715,7 +735,14 @@ impl Sandboxes {
         if expires_ms <= now_ms() {
             return false;
         }
-        let want = sign_port_claims(&net.port_key, &format!("{id}:{port}:{expires_ms}"));
+        let generation = match self.db.port_token_generation(id, port) {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::error!(error = %e, "reading a port's token generation");
+                return false;
+            }
+        };
+        let want = sign_claims(&net.port_key, &port_claims(id, port, generation, expires_ms));
         want.as_bytes().ct_eq(mac.as_bytes()).into()
     }
 

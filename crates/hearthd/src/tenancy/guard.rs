@@ -11,11 +11,11 @@ use axum::extract::{FromRequestParts, MatchedPath, OriginalUri, RawPathParams, R
 use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hearth_api::{AuditEntry, ErrorCode, Role};
+use hearth_api::{AuditEntry, ErrorCode, Role, TokenPurpose};
 use serde_json::Value;
 
 use super::objects::{self, Kind};
-use super::{Principal, Tenancy, new_request_id};
+use super::{Principal, Tenancy, TokenLimits, new_request_id, token};
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::service::now_ms;
@@ -100,6 +100,20 @@ pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Resp
             .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
         return finish(&t, &ctx, Some(&principal), resp, is_mutating);
     }
+    if let Some(limits) = &principal.token {
+        if let Err(e) = token_reaches(limits, &ctx.route, &params) {
+            return finish(&t, &ctx, Some(&principal), e.into_response(), is_mutating);
+        }
+        // MCP's tools call `/v1` with the request's `Authorization`: an API token of the same scope and life.
+        if limits.purpose == TokenPurpose::Mcp {
+            match api_token_for_mcp(&t, &principal, limits) {
+                Ok(v) => {
+                    parts.headers.insert(axum::http::header::AUTHORIZATION, v);
+                }
+                Err(e) => return finish(&t, &ctx, Some(&principal), e.into_response(), is_mutating),
+            }
+        }
+    }
     parts.extensions.insert(principal.clone());
     let req = Request::from_parts(parts, body);
     let resp = match admit(&t, &principal, &ctx, &params, req).await {
@@ -112,6 +126,61 @@ pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Resp
         Err(e) => e.into_response(),
     };
     finish(&t, &ctx, Some(&principal), resp, is_mutating)
+}
+
+/// Whether an access token's purpose and scope reach `route` (403 when not; 404 for another sandbox).
+fn token_reaches(
+    limits: &TokenLimits,
+    route: &str,
+    params: &HashMap<String, String>,
+) -> Result<(), ApiError> {
+    let forbidden = |why: String| Err(ApiError::new(ErrorCode::Forbidden, why));
+    let purpose = limits.purpose.as_str();
+    let reaches = match limits.purpose {
+        TokenPurpose::Mcp => route.starts_with("/mcp"),
+        TokenPurpose::Pty => route == "/v1/sandboxes/{id}/pty",
+        TokenPurpose::Api => route.starts_with("/v1/"),
+    };
+    if !reaches {
+        return forbidden(format!("a {purpose} token does not reach {route}"));
+    }
+    // A token must not outlive its minter's rights by minting longer-lived credentials.
+    if route == "/v1/tokens" || route.starts_with("/v1/keys") {
+        return forbidden("a token cannot mint tokens nor use the keys routes".into());
+    }
+    // `/mcp` is not about a sandbox; the tools' calls carry the token's scope (api_token_for_mcp).
+    if let Some(sandbox) = &limits.sandbox
+        && limits.purpose != TokenPurpose::Mcp
+    {
+        if !route.starts_with("/v1/sandboxes/{id}") {
+            return forbidden(format!(
+                "this token is for sandbox {sandbox} only; {route} is not about a sandbox"
+            ));
+        }
+        if params.get("id") != Some(sandbox) {
+            let asked = params.get("id").map(String::as_str).unwrap_or("");
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!("no such sandbox {asked:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `Authorization` value MCP's tools forward: the same token with purpose `api`.
+fn api_token_for_mcp(t: &Tenancy, p: &Principal, limits: &TokenLimits) -> Result<HeaderValue, ApiError> {
+    let claims = token::Claims {
+        key_id: p.key_id.clone(),
+        project: p.project.clone(),
+        role: p.role,
+        sandbox: limits.sandbox.clone(),
+        purpose: TokenPurpose::Api,
+        expires_ms: limits.expires_ms,
+    };
+    let signed = t.mint(&claims)?;
+    HeaderValue::from_str(&format!("Bearer {signed}"))
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
 }
 
 /// Role, ownership and quota checks; returns the request (its body re-assembled if it was read).

@@ -7,15 +7,20 @@
 //! checked against the hash in `api_key`); every other key is a row of `api_keys` found by the SHA-256 of the
 //! presented key. Keys are accepted only in headers: `Authorization: Bearer <key>`, or on WebSocket upgrades the
 //! subprotocol entry `hearth.key.<key>` (browsers cannot set headers on WebSockets); never in a URL.
+//!
+//! Access tokens ([`token`], `POST /v1/tokens`) are presented the same way and become a [`Principal`] of their
+//! minting key, narrowed to the token's role, scope (the project or one sandbox) and purpose ([`TokenLimits`],
+//! enforced by [`guard`]).
 
 pub mod guard;
 pub mod objects;
 pub mod ratelimit;
+pub mod token;
 
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, header};
-use hearth_api::{DEFAULT_PROJECT, ErrorCode, Role};
+use hearth_api::{DEFAULT_PROJECT, ErrorCode, Role, TokenPurpose};
 
 use crate::auth::{KeyCheck, hash_key};
 use crate::http::error::ApiError;
@@ -32,6 +37,17 @@ pub struct Principal {
     pub key_id: String,
     pub project: String,
     pub role: Role,
+    /// Set when the request presented an access token (then `key_id` is the key that minted it).
+    pub token: Option<TokenLimits>,
+}
+
+/// What an access token narrows its minting key to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenLimits {
+    /// `Some(id)`: that sandbox only.
+    pub sandbox: Option<String>,
+    pub purpose: TokenPurpose,
+    pub expires_ms: i64,
 }
 
 impl Principal {
@@ -77,6 +93,8 @@ pub struct Tenancy {
     bootstrap: KeyCheck,
     settings: TenancySettings,
     pub(crate) rate: Option<ratelimit::RateLimiter>,
+    /// The key access tokens are signed with (read or made on first use).
+    token_key: std::sync::OnceLock<[u8; 32]>,
 }
 
 impl std::fmt::Debug for Tenancy {
@@ -92,6 +110,7 @@ impl Tenancy {
             bootstrap,
             rate: ratelimit::RateLimiter::new(settings.key_rate_limit),
             settings,
+            token_key: std::sync::OnceLock::new(),
         })
     }
 
@@ -102,11 +121,15 @@ impl Tenancy {
     /// Resolves the key a request presents.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Refusal> {
         let key = presented_key(headers).ok_or(Refusal::Missing)?;
+        if token::is_token(&key) {
+            return self.authenticate_token(&key);
+        }
         if self.bootstrap.verify(&key) {
             return Ok(Principal {
                 key_id: BOOTSTRAP_KEY_ID.into(),
                 project: DEFAULT_PROJECT.into(),
                 role: Role::Admin,
+                token: None,
             });
         }
         let row = match self.db().key_by_hash(&hash_key(&key)) {
@@ -131,6 +154,66 @@ impl Tenancy {
             key_id: row.id,
             project: row.project,
             role: row.role,
+            token: None,
+        })
+    }
+
+    /// The daemon's token key (`<data-dir>/access-tokens.key`).
+    fn token_key(&self) -> Result<[u8; 32], ApiError> {
+        if let Some(k) = self.token_key.get() {
+            return Ok(*k);
+        }
+        let path = self.sandboxes.settings().paths.data_dir.join("access-tokens.key");
+        let k = crate::service::network::load_key_file(&path)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("access token key: {e}")))?;
+        Ok(*self.token_key.get_or_init(|| k))
+    }
+
+    /// Signs an access token for `claims`.
+    pub fn mint(&self, claims: &token::Claims) -> Result<String, ApiError> {
+        Ok(claims.sign(&self.token_key()?))
+    }
+
+    /// A token's principal: its signature and expiry, then its minting key, which must still be valid.
+    fn authenticate_token(&self, presented: &str) -> Result<Principal, Refusal> {
+        let key = self.token_key().map_err(|e| {
+            tracing::error!(error = %e.message, "reading the access token key");
+            Refusal::Unknown
+        })?;
+        let claims = match token::Claims::verify(presented, &key, now_ms()) {
+            Ok(c) => c,
+            Err(token::Bad::Invalid) => return Err(Refusal::Unknown),
+            Err(token::Bad::Expired) => return Err(Refusal::Expired),
+        };
+        if claims.key_id != BOOTSTRAP_KEY_ID {
+            let row = match self.db().key_by_id(&claims.key_id) {
+                Ok(Some(row)) => row,
+                Ok(None) => return Err(Refusal::Unknown),
+                Err(e) => {
+                    tracing::error!(error = %e, "reading api keys");
+                    return Err(Refusal::Unknown);
+                }
+            };
+            if row.revoked_at_ms.is_some() {
+                return Err(Refusal::Revoked);
+            }
+            if row.expires_at_ms.is_some_and(|t| t <= now_ms()) {
+                return Err(Refusal::Expired);
+            }
+            // Never more than the minting key may do now.
+            if row.project != claims.project || row.role.rank() < claims.role.rank() {
+                return Err(Refusal::Unknown);
+            }
+        }
+        Ok(Principal {
+            key_id: claims.key_id,
+            project: claims.project,
+            role: claims.role,
+            token: Some(TokenLimits {
+                sandbox: claims.sandbox,
+                purpose: claims.purpose,
+                expires_ms: claims.expires_ms,
+            }),
         })
     }
 
@@ -140,6 +223,18 @@ impl Tenancy {
         let Ok(p) = self.authenticate(headers) else {
             return Ok(false);
         };
+        // A token opens ports only for the API purpose, and within its scope.
+        if let Some(limits) = &p.token {
+            if limits.purpose != TokenPurpose::Api {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    format!("a {} token does not open ports", limits.purpose.as_str()),
+                ));
+            }
+            if limits.sandbox.as_deref().is_some_and(|s| s != id) {
+                return Err(ApiError::new(ErrorCode::NotFound, "no such sandbox"));
+            }
+        }
         match objects::owns(self, &p, objects::Kind::Sandbox, id) {
             Ok(true) => Ok(true),
             Ok(false) => Err(ApiError::new(ErrorCode::NotFound, "no such sandbox")),

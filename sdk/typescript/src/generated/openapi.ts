@@ -573,7 +573,8 @@ export interface paths {
         put?: never;
         /** Hand out a signed, expiring token that opens one port of one sandbox without the API key. */
         post: operations["token"];
-        delete?: never;
+        /** Revoke every token issued so far for one port of a sandbox (tokens issued afterwards work). */
+        delete: operations["revoke_tokens"];
         options?: never;
         head?: never;
         patch?: never;
@@ -908,6 +909,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tokens": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Mint a short-lived access token for browsers and WebSocket clients (any non-viewer key, for its own
+         *     project; never more than the key may do). Present it like a key: `Authorization: Bearer <token>` or the
+         *     WebSocket subprotocol `hearth.key.<token>`, never in a URL. A token cannot mint tokens or keys.
+         */
+        post: operations["create_token"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/usage": {
         parameters: {
             query?: never;
@@ -1231,6 +1253,17 @@ export interface components {
             name: string;
             recipe?: components["schemas"]["Recipe"] | null;
         };
+        /** @description Body of `POST /v1/tokens`. */
+        CreateTokenRequest: {
+            purpose: components["schemas"]["TokenPurpose"];
+            role?: components["schemas"]["Role"] | null;
+            scope: components["schemas"]["TokenScope"];
+            /**
+             * Format: int64
+             * @description Seconds the token stays valid (1-3600). Default 300.
+             */
+            ttl_s?: number | null;
+        };
         /** @description Answer of `POST /v1/keys`: the only time the key is shown. */
         CreatedKey: {
             expires_at?: string | null;
@@ -1239,6 +1272,14 @@ export interface components {
             key: string;
             project: string;
             role: components["schemas"]["Role"];
+        };
+        /**
+         * @description Answer of `POST /v1/tokens`: a short-lived token signed by the daemon, presented like a key (header or
+         *     WebSocket subprotocol, never in a URL).
+         */
+        CreatedToken: {
+            expires_at: string;
+            token: string;
         };
         /** @description Body of `POST /v1/sandboxes/{id}/sync`: the disk image just captured from the running sandbox. */
         DiskSync: {
@@ -1932,6 +1973,16 @@ export interface components {
         /** @description Body of `GET /v1/templates`. */
         TemplateList: {
             templates: components["schemas"]["Template"][];
+        };
+        /**
+         * @description Which routes an access token reaches.
+         * @enum {string}
+         */
+        TokenPurpose: "api" | "mcp" | "pty";
+        /** @description What an access token reaches: the minting key's whole project, or one of its sandboxes. */
+        TokenScope: "project" | {
+            /** @description One sandbox (by id): other sandboxes answer 404, routes about no sandbox 403. */
+            sandbox: string;
         };
         /** @description Body of `GET /v1/usage`. */
         UsageReport: {
@@ -3766,6 +3817,45 @@ export interface operations {
             };
         };
     };
+    revoke_tokens: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Sandbox id */
+                id: string;
+                /** @description Guest port */
+                port: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The port's tokens no longer open it */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     forward: {
         parameters: {
             query?: {
@@ -4590,6 +4680,55 @@ export interface operations {
             };
             /** @description Built in, or used by sandboxes */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_token: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateTokenRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedToken"];
+                };
+            };
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A viewer key, a token, or a role above the key's */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such sandbox in the key's project */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
