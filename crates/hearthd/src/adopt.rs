@@ -401,6 +401,15 @@ mod tests {
         let mut other = std::process::Command::new("sleep").arg("30").spawn()?;
         std::fs::write(dir.path().join("vmm.pid"), format!("{}\n", mine.id()))?;
         std::fs::write(dir.path().join("other.pid"), format!("{}\n", other.id()))?;
+        // Until the child has exec'd, its command line is still this test's (a loaded machine can take a while).
+        let needle = marker.as_os_str().as_encoded_bytes().to_vec();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !std::fs::read(format!("/proc/{}/cmdline", mine.id()))
+            .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle))
+        {
+            assert!(std::time::Instant::now() < deadline, "tail never exec'd");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         kill_dir_processes(dir.path());
         let status = mine.wait()?;
         assert!(!status.success());
