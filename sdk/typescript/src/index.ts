@@ -2,7 +2,7 @@
 //
 // Layout: client.ts (connection settings, openapi-fetch transport, error mapping), sandbox.ts, commands.ts,
 // files.ts, watch.ts (files.watchDir), templates.ts, network.ts (sbx.network, Network), buckets.ts (Bucket,
-// sbx.mounts), sse.ts (event-stream
+// sbx.mounts), projects.ts (Project, ApiKey, AccessToken, AuditLog), sse.ts (event-stream
 // reader), errors.ts; generated/openapi.ts is generated from docs/openapi.json.
 
 export { Sandbox } from "./sandbox.js";
@@ -42,6 +42,19 @@ export type {
 } from "./network.js";
 export { Bucket, SandboxMounts } from "./buckets.js";
 export type { BucketInfo, BucketSpec, MountInfo, MountOpts } from "./buckets.js";
+export { AccessToken, ApiKey, AuditLog, Project } from "./projects.js";
+export type {
+  AccessTokenSpec,
+  ApiKeyInfo,
+  ApiKeySpec,
+  AuditEntry,
+  AuditFilter,
+  CreatedApiKey,
+  ProjectInfo,
+  ProjectUsage,
+  Quota,
+  Role,
+} from "./projects.js";
 export { DEFAULT_URL } from "./client.js";
 export type { ConnectionOpts, RequestOpts } from "./client.js";
 export {
