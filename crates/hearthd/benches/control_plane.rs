@@ -4,7 +4,9 @@
 //! in and destroy sandboxes and 4 more run commands, each back to back (a load far above what real guests
 //! allow, since the test VMM answers at once). The VMM is the in-process test VMM of
 //! `tests/fake` (a `sleep` process per VM, a small agent that answers commands): what is measured is hearthd's
-//! own bookkeeping, not a guest. Run: `cargo bench -p hearthd --bench control_plane` (prints a table).
+//! own bookkeeping, not a guest. Last, with `--key-rate-limit 50`: the p50-p99 of one member key's requests
+//! while another member key floods the daemon from 8 clients (most of its requests answered 429), beside the
+//! same key's numbers without the flood. Run: `cargo bench -p hearthd --bench control_plane` (prints a table).
 
 #[path = "../tests/fake/mod.rs"]
 mod fake;
@@ -202,7 +204,11 @@ async fn main() {
         .expect("key file")
         .trim()
         .to_string();
-    let tenancy = hearthd::tenancy::Tenancy::new(f.svc.clone(), keys.clone(), Default::default());
+    let settings = hearthd::tenancy::TenancySettings {
+        key_rate_limit: RATE_LIMIT,
+        ..Default::default()
+    };
+    let tenancy = hearthd::tenancy::Tenancy::new(f.svc.clone(), keys.clone(), settings);
     let state = AppState {
         sandboxes: f.svc.clone(),
         keys,
@@ -230,4 +236,87 @@ async fn main() {
         measure(&b, &ids, &running, &label, false).await;
         measure(&b, &ids, &running, &label, true).await;
     }
+    flood(&b, &ids).await;
+}
+
+/// Requests per second per key (`--key-rate-limit`); the bootstrap key above is not limited.
+const RATE_LIMIT: u32 = 50;
+
+/// A member key of a new project.
+async fn member_key(b: &Bench, project: &str) -> String {
+    let (s, v) = b
+        .call(
+            reqwest::Method::POST,
+            "/v1/projects",
+            Some(json!({"name": project})),
+        )
+        .await;
+    assert_eq!(s, 201, "project: {v}");
+    let body = json!({"project": project, "role": "member"});
+    let (s, v) = b.call(reqwest::Method::POST, "/v1/keys", Some(body)).await;
+    assert_eq!(s, 201, "key: {v}");
+    v["key"].as_str().unwrap_or_default().to_string()
+}
+
+/// One key floods the API while another key's requests are timed, beside the same requests without the flood.
+async fn flood(admin: &Arc<Bench>, ids: &[String]) {
+    let as_key = |key: String| {
+        Arc::new(Bench {
+            base: admin.base.clone(),
+            key,
+            http: reqwest::Client::new(),
+        })
+    };
+    let quiet = as_key(member_key(admin, "quiet").await);
+    let noisy = as_key(member_key(admin, "noisy").await);
+    // The quiet key's own project has no sandboxes: it lists an empty page, under its own rate limit.
+    let paced = |b: Arc<Bench>| async move {
+        let mut out = Vec::with_capacity(200);
+        for _ in 0..200 {
+            let t = Instant::now();
+            let (s, v) = b.call(reqwest::Method::GET, "/v1/sandboxes?limit=10", None).await;
+            out.push(t.elapsed());
+            assert_eq!(s, 200, "quiet key: {v}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        out
+    };
+    row(
+        &format!("second key: list a page ({RATE_LIMIT} req/s limit), no flood"),
+        paced(quiet.clone()).await,
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (b, stop, sent, refused) = (noisy.clone(), stop.clone(), sent.clone(), refused.clone());
+        let id = ids[i % ids.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let (s, _) = b
+                    .call(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"), None)
+                    .await;
+                sent.fetch_add(1, Ordering::Relaxed);
+                if s == 429 {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let started = Instant::now();
+    let samples = paced(quiet).await;
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("flood task");
+    }
+    let (n, r) = (sent.load(Ordering::Relaxed), refused.load(Ordering::Relaxed));
+    row(
+        &format!(
+            "second key: list a page, while a first key floods ({:.0} req/s, {:.0}% answered 429)",
+            n as f64 / secs,
+            100.0 * r as f64 / n.max(1) as f64
+        ),
+        samples,
+    );
 }
