@@ -47,6 +47,15 @@ impl Bench {
         }
     }
 
+    /// Runs `cmd` in sandbox `id`; it must answer 200.
+    async fn run_command(&self, id: &str, cmd: &str) {
+        let path = format!("/v1/sandboxes/{id}/commands");
+        let (s, v) = self
+            .call(reqwest::Method::POST, &path, Some(json!({ "cmd": cmd })))
+            .await;
+        assert_eq!(s, 200, "command: {v}");
+    }
+
     /// Times `n` sequential GETs of `path(i)`; every answer must be 200.
     async fn time_gets(&self, n: usize, path: impl Fn(usize) -> String) -> Vec<Duration> {
         let mut out = Vec::with_capacity(n);
@@ -114,15 +123,7 @@ fn load(
                     .await;
                 assert_eq!(s, 201, "create: {v}");
                 let id = v["id"].as_str().unwrap_or_default().to_string();
-                let cmd = json!({"cmd": format!("echo {c}")});
-                let (s, v) = b
-                    .call(
-                        reqwest::Method::POST,
-                        &format!("/v1/sandboxes/{id}/commands"),
-                        Some(cmd),
-                    )
-                    .await;
-                assert_eq!(s, 200, "command: {v}");
+                b.run_command(&id, &format!("echo {c}")).await;
                 let (s, v) = b
                     .call(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
                     .await;
@@ -136,15 +137,7 @@ fn load(
         let (b, stop, done) = (b.clone(), stop.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let cmd = json!({"cmd": "echo busy"});
-                let (s, v) = b
-                    .call(
-                        reqwest::Method::POST,
-                        &format!("/v1/sandboxes/{id}/commands"),
-                        Some(cmd),
-                    )
-                    .await;
-                assert_eq!(s, 200, "command: {v}");
+                b.run_command(&id, "echo busy").await;
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));
