@@ -182,6 +182,47 @@ pub fn copy_unsynced(src: &Path, dest: &Path) -> io::Result<CopyMethod> {
     copied
 }
 
+/// The part of [`crate::Vmm::capture_disk`] every driver shares, called once the driver has stopped the vCPUs
+/// (at `stopped_at`): copies `disk` to `dest` ([`copy_unsynced`], on a blocking thread), awaits `resume` (the
+/// driver's continue) whether or not the copy worked, then makes the copy durable. Any failure removes `dest`.
+pub async fn capture_while_stopped(
+    disk: &Path,
+    dest: &Path,
+    format: crate::DiskFormat,
+    stopped_at: std::time::Instant,
+    resume: impl std::future::Future<Output = Result<(), crate::VmmError>>,
+) -> Result<crate::DiskCapture, crate::VmmError> {
+    let err = |detail: String| crate::VmmError::Snapshot {
+        path: dest.to_path_buf(),
+        detail,
+    };
+    let (from, to) = (disk.to_path_buf(), dest.to_path_buf());
+    let copied = tokio::task::spawn_blocking(move || copy_unsynced(&from, &to))
+        .await
+        .map_err(|e| err(format!("copy task: {e}")))
+        .and_then(|r| r.map_err(|e| err(format!("copying {}: {e}", disk.display()))));
+    let resumed = resume.await;
+    let stopped = stopped_at.elapsed();
+    let method = copied?;
+    let to = dest.to_path_buf();
+    let durable = match resumed {
+        Ok(()) => tokio::task::spawn_blocking(move || File::open(&to).and_then(|f| f.sync_all()))
+            .await
+            .map_err(|e| err(format!("fsync task: {e}")))
+            .and_then(|r| r.map_err(|e| err(format!("fsync: {e}")))),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = durable {
+        let _ = std::fs::remove_file(dest);
+        return Err(e);
+    }
+    Ok(crate::DiskCapture {
+        stopped,
+        method,
+        format,
+    })
+}
+
 /// [`copy_sparse`] on a blocking thread, with the driver's error type.
 pub async fn copy_raw(src: &Path, dest: &Path) -> Result<(), crate::VmmError> {
     let (from, to) = (src.to_path_buf(), dest.to_path_buf());

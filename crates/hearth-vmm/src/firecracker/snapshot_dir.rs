@@ -214,24 +214,7 @@ impl FirecrackerVmm {
     ) -> Result<crate::DiskCapture, VmmError> {
         let started = std::time::Instant::now();
         self.pause(vm).await?;
-        let (from, to) = (disk.to_path_buf(), dest.to_path_buf());
-        let copied = tokio::task::spawn_blocking(move || crate::disk::copy_unsynced(&from, &to))
-            .await
-            .map_err(|e| snap_err(dest, format!("copy task: {e}")))
-            .and_then(|r| r.map_err(io(dest)));
-        let resumed = self.resume(vm).await;
-        let stopped = started.elapsed();
-        let method = copied?;
-        let durable = resumed.and_then(|()| fsync(dest));
-        if let Err(e) = durable {
-            let _ = std::fs::remove_file(dest);
-            return Err(e);
-        }
-        Ok(crate::DiskCapture {
-            stopped,
-            method,
-            format: crate::DiskFormat::Raw,
-        })
+        crate::disk::capture_while_stopped(disk, dest, crate::DiskFormat::Raw, started, self.resume(vm)).await
     }
 }
 

@@ -165,27 +165,13 @@ impl QemuVmm {
         let mut q = self.qmp(vm).await?;
         let started = std::time::Instant::now();
         q.execute("stop", None).await.map_err(|e| err(e.to_string()))?;
-        let (from, to) = (disk.to_path_buf(), dest.to_path_buf());
-        let copied = tokio::task::spawn_blocking(move || crate::disk::copy_unsynced(&from, &to))
-            .await
-            .map_err(|e| err(format!("copy task: {e}")))
-            .and_then(|r| r.map_err(|e| io(dest, e)));
-        let resumed = q.execute("cont", None).await;
-        let stopped = started.elapsed();
-        let method = copied?;
-        if let Err(e) = resumed {
-            let _ = std::fs::remove_file(dest);
-            return Err(err(format!("continuing after the disk capture: {e}")));
-        }
-        if let Err(e) = fsync_path(dest).await {
-            let _ = std::fs::remove_file(dest);
-            return Err(e);
-        }
-        Ok(crate::DiskCapture {
-            stopped,
-            method,
-            format: crate::DiskFormat::Qcow2,
-        })
+        let resume = async {
+            q.execute("cont", None)
+                .await
+                .map(|_| ())
+                .map_err(|e| err(format!("continuing after the disk capture: {e}")))
+        };
+        crate::disk::capture_while_stopped(disk, dest, crate::DiskFormat::Qcow2, started, resume).await
     }
 
     /// Checks that `snapshot` was written by this QEMU for a VM of `spec`'s shape.
