@@ -64,9 +64,42 @@ pub fn is_valid_template_name(name: &str) -> bool {
         && !name.starts_with('-')
 }
 
+/// Parses a byte count: digits, optionally followed by `K`, `M`, `G` or `T` (powers of 1024, an optional `i`
+/// and `B` allowed: `20G`, `512MiB`, `4096`).
+pub fn parse_byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: a number of bytes, optionally with K, M, G or T"))?;
+    let shift = match unit.trim_end_matches('B').trim_end_matches('i') {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{s:?}: unit K, M, G or T")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_byte_size("4096"), Ok(4096));
+        assert_eq!(parse_byte_size("20G"), Ok(20 << 30));
+        assert_eq!(parse_byte_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_byte_size("1KB"), Ok(1024));
+        assert!(parse_byte_size("").is_err());
+        assert!(parse_byte_size("1X").is_err());
+        assert!(parse_byte_size("-1").is_err());
+        assert!(parse_byte_size("99999999999T").is_err());
+    }
 
     #[test]
     fn sandbox_ids() {

@@ -76,6 +76,11 @@ pub struct Quota {
     /// are paused (nothing is lost) and creates, forks and resumes are refused until it is raised.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_credits: Option<u64>,
+    /// Bytes on the host's disk of the project's sandbox disks, paused states, snapshots and saved templates
+    /// (blocks actually used, shared ones once). At or over it, creates, forks, snapshots and template saves
+    /// are refused; what exists keeps working (a running sandbox's disk may still grow, up to its own size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_disk_bytes: Option<u64>,
 }
 
 /// Body of `POST /v1/projects`.
@@ -111,6 +116,10 @@ pub struct ProjectUsage {
     pub memory_mib: u64,
     /// Credits spent by the project's sandboxes so far (compare `quota.budget_credits`).
     pub spent_credits: f64,
+    /// Bytes on the host's disk of the project's sandboxes, snapshots and saved templates (compare
+    /// `quota.max_disk_bytes`).
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
 /// Answer of `GET /v1/projects`.

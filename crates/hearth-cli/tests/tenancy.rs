@@ -18,6 +18,24 @@ fn projects_keys_and_the_audit_chain_from_the_command_line() {
     let a = projects.projects.iter().find(|p| p.name == "team-a").unwrap();
     assert_eq!(a.quota.max_running, Some(2));
     assert!(projects.projects.iter().any(|p| p.name == "default"));
+    // A disk limit takes sizes with units; usage shows each figure against its limit.
+    ok(d.run(&[
+        "project",
+        "quota",
+        "team-a",
+        "--max-running",
+        "2",
+        "--max-disk-bytes",
+        "20G",
+    ]));
+    let usage = ok(d.run(&["project", "usage", "team-a"]));
+    assert!(
+        usage.contains("disk_bytes") && usage.contains(&format!("0 / {}", 20u64 << 30)),
+        "{usage}"
+    );
+    assert!(usage.contains("running") && usage.contains("0 / 2"), "{usage}");
+    let bad = d.run(&["project", "quota", "team-a", "--max-disk-bytes", "20X"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
 
     let out = ok(d.run(&[
         "key",

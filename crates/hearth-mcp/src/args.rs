@@ -312,3 +312,11 @@ pub struct PortExposeArgs {
     #[serde(default)]
     pub ttl_s: Option<u64>,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectUsageArgs {
+    /// The project; default: the key's own (needed only by an admin key, which sees every project).
+    #[serde(default)]
+    pub project: Option<String>,
+}

@@ -191,6 +191,21 @@ pub fn invalid_argument(message: impl Into<String>) -> CallToolResult {
     }))
 }
 
+/// The one project a key sees (`GET /v1/projects` of a member or viewer key), or an error asking for one.
+pub fn own_project(list: &hearth_api::ProjectList) -> Result<String, CallToolResult> {
+    match list.projects.as_slice() {
+        [one] => Ok(one.name.clone()),
+        many => {
+            let names: Vec<&str> = many.iter().map(|p| p.name.as_str()).collect();
+            Err(invalid_argument(format!(
+                "this key sees {} projects ({}): pass project",
+                names.len(),
+                names.join(", ")
+            )))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

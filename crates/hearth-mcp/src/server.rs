@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 use crate::args::{
     CreateSandboxArgs, CreateTemplateArgs, Encoding, ExecArgs, ForkArgs, ListFilesArgs, ListSandboxesArgs,
     MAX_LOG, MAX_READ, MembershipArgs, MountAddArgs, MountArg, MountRemoveArgs, NetworkArgs, NetworkLogArgs,
-    NetworkNameArgs, PortExposeArgs, ReadFileArgs, SandboxArgs, SetPolicyArgs, SetTimeoutArgs, TemplateArgs,
-    WriteFileArgs,
+    NetworkNameArgs, PortExposeArgs, ProjectUsageArgs, ReadFileArgs, SandboxArgs, SetPolicyArgs,
+    SetTimeoutArgs, TemplateArgs, WriteFileArgs,
 };
 use crate::format::{self, Capped};
 
@@ -592,6 +592,26 @@ impl HearthMcp {
         }
         let log = api!(client.network_log(&a.sandbox_id));
         ok_json(format::egress_log(&log, limit))
+    }
+
+    #[tool(
+        annotations(read_only_hint = true),
+        description = "What your project holds against its quota: running sandboxes, vcpus, memory_mib, \
+                       disk_bytes and spent_credits, beside `quota` (each limit; absent: none). Over a limit, \
+                       creates, forks and resumes are refused with quota_exceeded naming it."
+    )]
+    async fn project_usage(
+        &self,
+        Parameters(a): Parameters<ProjectUsageArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        let client = tri!(self.client(&ctx));
+        let project = match a.project {
+            Some(p) => p,
+            None => tri!(format::own_project(&api!(client.list_projects()))),
+        };
+        let usage = api!(client.project_usage(&project));
+        ok_json(to_json(&usage))
     }
 
     #[tool(

@@ -74,6 +74,7 @@ async fn rmcp_client_over_stdio() {
             "network_policy_set",
             "pause_sandbox",
             "port_expose",
+            "project_usage",
             "read_file",
             "resume_sandbox",
             "sandbox_info",
@@ -93,6 +94,7 @@ async fn rmcp_client_over_stdio() {
             t.name.as_ref(),
             "create_sandbox"
                 | "bucket_list"
+                | "project_usage"
                 | "list_sandboxes"
                 | "list_templates"
                 | "delete_template"
@@ -112,6 +114,7 @@ async fn rmcp_client_over_stdio() {
             t.name.as_ref(),
             "list_sandboxes"
                 | "bucket_list"
+                | "project_usage"
                 | "list_templates"
                 | "sandbox_info"
                 | "read_file"
@@ -135,6 +138,27 @@ async fn rmcp_client_over_stdio() {
         .unwrap();
     assert_eq!(buckets.is_error, Some(false));
     assert_eq!(structured(&buckets)["buckets"], json!([]));
+
+    // The admin key of a fresh daemon sees one project, `default`: its usage, no limits, nothing held.
+    let usage = client
+        .call_tool(CallToolRequestParams::new("project_usage"))
+        .await
+        .unwrap();
+    assert_eq!(usage.is_error, Some(false));
+    let usage = structured(&usage);
+    assert_eq!(
+        (&usage["project"], &usage["running"], &usage["disk_bytes"]),
+        (&json!("default"), &json!(0), &json!(0)),
+        "{usage}"
+    );
+    let other = client
+        .call_tool(
+            CallToolRequestParams::new("project_usage").with_arguments(args(json!({ "project": "nope" }))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(other.is_error, Some(true));
+    assert_eq!(structured(&other)["error"]["code"], "not_found");
 
     let templates = client
         .call_tool(CallToolRequestParams::new("list_templates"))

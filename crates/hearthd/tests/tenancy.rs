@@ -1,7 +1,7 @@
 //! Projects against real VMs: a matrix over every route of the daemon's OpenAPI document (another project's key
 //! gets 404 on objects it does not own, a viewer cannot change anything, a revoked or expired key gets 401), and
 //! atomic quota admission (10 parallel creates against a limit of 3; a command waking a paused sandbox), a spent budget
-//! pausing the project and a lifetime destroying old sandboxes.
+//! pausing the project, a lifetime destroying old sandboxes and disk bytes counted against `max_disk_bytes`.
 
 mod common;
 mod tenancyfix;
@@ -380,4 +380,87 @@ async fn sandboxes_older_than_the_project_lifetime_are_destroyed() {
         "destroyed early: {:?}",
         started.elapsed()
     );
+}
+
+async fn disk_bytes(d: &Daemon, key: &str, project: &str) -> u64 {
+    let path = format!("/v1/projects/{project}/usage");
+    let (s, v, _) = call(d, key, Method::GET, &path, None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    v["disk_bytes"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn disk_bytes_are_counted_and_at_the_limit_nothing_new_is_written() {
+    let _vm = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    create_project(&d, "disk", json!({})).await;
+    let k = create_key(&d, "disk", "member", None).await;
+    let body = json!({"template": "minimal", "memory_mib": SMALL});
+    let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body.clone())).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}\n{}", d.log());
+    let id = v["id"].as_str().unwrap_or_default().to_string();
+    let before = disk_bytes(&d, &k.key, "disk").await;
+    // 32 MiB the guest writes land in the sandbox's disk on the host and count.
+    let commands = format!("/v1/sandboxes/{id}/commands");
+    let fill = json!({"cmd": "head -c 33554432 /dev/urandom > /root/big && sync"});
+    let (s, v, _) = call(&d, &k.key, Method::POST, &commands, Some(fill)).await;
+    assert_eq!((s, &v["exit_code"]), (StatusCode::OK, &json!(0)), "{v}");
+    let after = disk_bytes(&d, &k.key, "disk").await;
+    eprintln!("project disk: {before} bytes after create, {after} after writing 32 MiB");
+    assert!(after >= before + (30 << 20), "{before} -> {after}");
+    // At the limit: what would add to the disk is refused, naming the limit; the sandbox keeps working.
+    let (s, v, _) = call(
+        &d,
+        &d.key,
+        Method::PUT,
+        "/v1/projects/disk/quota",
+        Some(json!({"max_disk_bytes": after})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let sandbox = format!("/v1/sandboxes/{id}");
+    for (path, body) in [
+        ("/v1/sandboxes".to_string(), Some(body.clone())),
+        (format!("{sandbox}/fork"), None),
+        (format!("{sandbox}/snapshots"), None),
+        (
+            "/v1/templates".to_string(),
+            Some(json!({"sandbox_id": id, "name": "disk-tpl"})),
+        ),
+    ] {
+        let (s, v, _) = call(&d, &k.key, Method::POST, &path, body).await;
+        assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{path}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            v["error"]["code"] == json!("quota_exceeded")
+                && message.contains(&format!("max_disk_bytes = {after}")),
+            "{path}: {v}"
+        );
+    }
+    let (s, v, _) = call(
+        &d,
+        &k.key,
+        Method::POST,
+        &commands,
+        Some(json!({"cmd": "wc -c < /root/big"})),
+    )
+    .await;
+    assert_eq!((s, &v["stdout"]), (StatusCode::OK, &json!("33554432\n")), "{v}");
+    // Another project's usage does not include these bytes.
+    let other = disk_bytes(&d, &d.key, "default").await;
+    assert!(other < before, "{other} >= {before}");
+    // Raised: a create fits again.
+    let (s, v, _) = call(
+        &d,
+        &d.key,
+        Method::PUT,
+        "/v1/projects/disk/quota",
+        Some(json!({"max_disk_bytes": after + (1 << 30)})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v, _) = call(&d, &k.key, Method::POST, "/v1/sandboxes", Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    d.destroy(&id).await;
+    d.destroy(v["id"].as_str().unwrap_or_default()).await;
 }

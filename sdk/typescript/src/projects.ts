@@ -22,6 +22,9 @@ export interface Quota {
   maxLifetimeS?: number | undefined;
   /** Credits the project may spend; once spent its running sandboxes are paused until it is raised. */
   budgetCredits?: number | undefined;
+  /** Bytes of disk its sandboxes, snapshots and saved templates may use; at or over it, creates, forks,
+   * snapshots and template saves are refused. */
+  maxDiskBytes?: number | undefined;
 }
 
 export type Role = Schemas["Role"];
@@ -42,6 +45,8 @@ export interface ProjectUsage {
   memoryMib: number;
   /** Credits its sandboxes have spent so far (compare `quota.budgetCredits`). */
   spentCredits: number;
+  /** Bytes its sandboxes, snapshots and saved templates use on the host's disk (compare `quota.maxDiskBytes`). */
+  diskBytes: number;
 }
 
 /** A key as listed (never the secret). */
@@ -57,6 +62,7 @@ function fromQuota(q: Schemas["Quota"]): Quota {
     maxCreatesPerMinute: q.max_creates_per_minute ?? undefined,
     maxLifetimeS: q.max_lifetime_s ?? undefined,
     budgetCredits: q.budget_credits ?? undefined,
+    maxDiskBytes: q.max_disk_bytes ?? undefined,
   };
 }
 
@@ -68,6 +74,7 @@ function toQuota(q: Quota): Schemas["Quota"] {
     max_creates_per_minute: q.maxCreatesPerMinute ?? null,
     max_lifetime_s: q.maxLifetimeS ?? null,
     budget_credits: q.budgetCredits ?? null,
+    max_disk_bytes: q.maxDiskBytes ?? null,
   };
 }
 
@@ -107,6 +114,7 @@ export class Project {
       vcpus: data.vcpus,
       memoryMib: data.memory_mib,
       spentCredits: data.spent_credits,
+      diskBytes: data.disk_bytes ?? 0,
     };
   }
 

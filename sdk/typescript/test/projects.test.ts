@@ -21,11 +21,14 @@ after(async () => {
 
 test("projects, keys, access tokens and the audit log", async () => {
   const admin = { url: daemon.url, apiKey: daemon.apiKey };
-  const made = await Project.create("sdk-team", { maxRunning: 2, budgetCredits: 500 }, admin);
+  const made = await Project.create("sdk-team", { maxRunning: 2, budgetCredits: 500, maxDiskBytes: 2 ** 34 }, admin);
   assert.equal(made.name, "sdk-team");
-  assert.deepEqual([made.quota.maxRunning, made.quota.budgetCredits], [2, 500]);
+  assert.deepEqual([made.quota.maxRunning, made.quota.budgetCredits, made.quota.maxDiskBytes], [2, 500, 2 ** 34]);
   const usage = await Project.usage("sdk-team", admin);
-  assert.deepEqual([usage.running, usage.spentCredits, usage.quota.maxRunning], [0, 0, 2]);
+  assert.deepEqual(
+    [usage.running, usage.spentCredits, usage.diskBytes, usage.quota.maxRunning, usage.quota.maxDiskBytes],
+    [0, 0, 0, 2, 2 ** 34],
+  );
   const raised = await Project.setQuota("sdk-team", { maxRunning: 3, maxLifetimeS: 3600 }, admin);
   assert.deepEqual([raised.quota.maxRunning, raised.quota.maxLifetimeS, raised.quota.budgetCredits], [3, 3600, undefined]);
 

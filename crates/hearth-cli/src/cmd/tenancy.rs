@@ -2,7 +2,8 @@
 
 use clap::Subcommand;
 use hearth_api::{
-    CreateKeyRequest, CreateProjectRequest, CreateTokenRequest, Quota, Role, TokenPurpose, TokenScope,
+    CreateKeyRequest, CreateProjectRequest, CreateTokenRequest, ProjectUsage, Quota, Role, TokenPurpose,
+    TokenScope,
 };
 
 use crate::Ctx;
@@ -29,6 +30,10 @@ pub struct QuotaArgs {
     /// spent its running sandboxes are paused until it is raised.
     #[arg(long)]
     pub budget_credits: Option<u64>,
+    /// Most bytes of disk the project's sandboxes, snapshots and templates may use (suffixes K, M, G, T:
+    /// `20G`); at or over it, creates, forks, snapshots and template saves are refused.
+    #[arg(long, value_parser = hearth_api::parse_byte_size)]
+    pub max_disk_bytes: Option<u64>,
 }
 
 impl QuotaArgs {
@@ -40,6 +45,7 @@ impl QuotaArgs {
             max_creates_per_minute: self.max_creates_per_minute,
             max_lifetime_s: self.max_lifetime_s,
             budget_credits: self.budget_credits,
+            max_disk_bytes: self.max_disk_bytes,
         }
     }
 }
@@ -55,6 +61,8 @@ pub enum ProjectCommand {
     /// List projects.
     #[command(alias = "list")]
     Ls,
+    /// What a project holds against its quota (running sandboxes, vCPUs, memory, disk, credits).
+    Usage { name: String },
     /// Replace a project's quota (limits not given are lifted).
     Quota {
         name: String,
@@ -179,6 +187,34 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("{s:?}: too long"))
 }
 
+/// `used / limit` lines of a project's usage (`-` where there is no limit).
+fn usage_text(u: &ProjectUsage) -> String {
+    let q = &u.quota;
+    let of = |used: String, max: Option<u64>| match max {
+        Some(max) => format!("{used} / {max}"),
+        None => format!("{used} / -"),
+    };
+    output::key_values(&[
+        ("project", output::clean(&u.project)),
+        ("running", of(u.running.to_string(), q.max_running.map(u64::from))),
+        ("vcpus", of(u.vcpus.to_string(), q.max_vcpus.map(u64::from))),
+        ("memory_mib", of(u.memory_mib.to_string(), q.max_memory_mib)),
+        ("disk_bytes", of(u.disk_bytes.to_string(), q.max_disk_bytes)),
+        (
+            "spent_credits",
+            of(format!("{:.1}", u.spent_credits), q.budget_credits),
+        ),
+        (
+            "max_lifetime_s",
+            q.max_lifetime_s.map_or("-".into(), |s| s.to_string()),
+        ),
+        (
+            "max_creates_per_minute",
+            q.max_creates_per_minute.map_or("-".into(), |n| n.to_string()),
+        ),
+    ])
+}
+
 pub async fn project(ctx: &Ctx, cmd: ProjectCommand) -> anyhow::Result<u8> {
     let client = ctx.client()?;
     match cmd {
@@ -212,6 +248,10 @@ pub async fn project(ctx: &Ctx, cmd: ProjectCommand) -> anyhow::Result<u8> {
                 let headers = ["NAME", "RUNNING", "VCPUS", "MEMORY_MIB", "CREATES/MIN", "CREATED"];
                 output::table(&headers, &rows, ctx.stdout_style())
             })?;
+        }
+        ProjectCommand::Usage { name } => {
+            let u = client.project_usage(&name).await?;
+            ctx.emit(&u, || usage_text(&u))?;
         }
         ProjectCommand::Quota { name, quota } => {
             let p = client.set_quota(&name, &quota.quota()).await?;

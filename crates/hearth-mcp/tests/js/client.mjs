@@ -83,7 +83,7 @@ try {
     "create_sandbox", "create_template", "delete_template", "exec", "fork_sandbox", "kill_sandbox", "list_files", "list_sandboxes", "list_templates", "pause_sandbox",
     "read_file", "resume_sandbox", "sandbox_info", "set_timeout", "write_file", "network_policy_get",
     "network_policy_set", "network_log", "network_create", "network_list", "network_delete", "network_attach",
-    "network_detach", "port_expose", "bucket_list", "mount_add", "mount_remove",
+    "network_detach", "port_expose", "bucket_list", "mount_add", "mount_remove", "project_usage",
   ]) {
     assert.ok(names.includes(want), `missing tool ${want}`);
   }

@@ -266,6 +266,17 @@ impl Db {
         Ok(())
     }
 
+    /// The keys (route names) of the `kind` objects `project` owns, live or not.
+    pub fn owned_keys(&self, project: &str, kind: &str) -> Result<Vec<String>, DbError> {
+        let conn = self.lock();
+        let mut stmt =
+            conn.prepare("SELECT key FROM owners WHERE project = ?1 AND kind = ?2 ORDER BY key")?;
+        let keys = stmt
+            .query_map(params![project, kind], |r| r.get(0))?
+            .collect::<Result<Vec<String>, _>>()?;
+        Ok(keys)
+    }
+
     /// Forgets the object named `key` (and its other names).
     pub fn remove_owner(&self, kind: &str, key: &str) -> Result<(), DbError> {
         self.lock().execute(

@@ -114,6 +114,7 @@ pub async fn usage(
     let row = db.project(&name).map_err(internal)?.ok_or_else(not_found)?;
     let held = db.held(&name).map_err(internal)?;
     let spent_credits = st.sandboxes.spent_credits(&name)?;
+    let disk_bytes = st.sandboxes.project_disk_bytes(&name)?;
     Ok(Json(ProjectUsage {
         project: row.name,
         quota: row.quota,
@@ -121,6 +122,7 @@ pub async fn usage(
         vcpus: held.vcpus,
         memory_mib: held.memory_mib,
         spent_credits,
+        disk_bytes,
     }))
 }
 

@@ -427,6 +427,7 @@ impl Sandboxes {
                     vcpus: row.vcpus.into(),
                     memory_mib: row.memory_mib.into(),
                     creates: false,
+                    disk: false,
                 },
             )?),
             _ => None,

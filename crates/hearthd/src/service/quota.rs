@@ -11,8 +11,15 @@
 //! vCPU-seconds and GiB-seconds at [`CreditPrices`], summed over every sandbox the project owns or owned)
 //! refuses starts once spent, and [`Sandboxes::enforce_quotas`] (called every second by the daemon) pauses the
 //! project's running sandboxes then; `max_lifetime_s` destroys sandboxes older than it.
+//!
+//! `max_disk_bytes` counts the blocks the project's sandbox directories (disk, paused state), snapshots and
+//! saved templates use on this host (a file with several links once). New sandbox disks start nearly empty
+//! and grow as guests write, so it is checked before what adds to the disk (creates, forks, snapshots,
+//! template saves: refused at or over the limit) rather than reserved in advance.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use hearth_api::Quota;
@@ -50,6 +57,9 @@ pub struct Want {
     pub memory_mib: u64,
     /// Whether the sandboxes are new (creates and forks count against the per-minute limit; resumes do not).
     pub creates: bool,
+    /// Whether the request adds to the project's disk (creates, forks, snapshots, template saves): refused
+    /// once the project holds `max_disk_bytes`.
+    pub disk: bool,
 }
 
 /// Why admission failed: the limit's name and value.
@@ -189,12 +199,50 @@ impl Sandboxes {
                 ),
             ));
         }
+        if want.disk
+            && let Some(max) = quota.max_disk_bytes
+        {
+            let used = self.project_disk_bytes(project)?;
+            if used >= max {
+                return Err(ServiceError::Typed(
+                    ErrorCode::QuotaExceeded,
+                    format!(
+                        "project quota max_disk_bytes = {max} would be exceeded: the project's sandboxes, \
+                         snapshots and templates hold {used} bytes; delete some or raise it"
+                    ),
+                ));
+            }
+        }
         self.quotas
             .admit(&self.db, project, &quota, want, now_ms())
             .map_err(|e| match e {
                 AdmitError::Exceeded(m) => ServiceError::Typed(ErrorCode::QuotaExceeded, m),
                 AdmitError::Db(e) => e.into(),
             })
+    }
+
+    /// Bytes `project`'s sandboxes (their directories: disk, paused state), snapshots and saved templates use
+    /// on this host's disk: allocated blocks, each file once however many links it has.
+    pub fn project_disk_bytes(&self, project: &str) -> Result<u64, ServiceError> {
+        let paths = &self.settings.paths;
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for id in self.db.owned_keys(project, "sandbox")? {
+            if hearth_api::is_valid_sandbox_id(&id) {
+                dirs.push(paths.sandbox_dir(&id));
+            }
+        }
+        for id in self.db.owned_keys(project, "snapshot")? {
+            if hearth_api::is_valid_snapshot_id(&id) {
+                dirs.push(paths.snapshot_dir(&id));
+            }
+        }
+        for name in self.db.owned_keys(project, "template")? {
+            if hearth_api::is_valid_template_name(&name) {
+                dirs.push(paths.user_templates_dir().join(name));
+            }
+        }
+        let mut seen = HashSet::new();
+        Ok(dirs.iter().map(|d| allocated_bytes(d, &mut seen)).sum())
     }
 
     /// One pass over the projects with time limits: the running sandboxes of a project whose budget is spent
@@ -230,6 +278,24 @@ impl Sandboxes {
     }
 }
 
+/// Blocks used by the files under `path` (not following symbolic links), skipping files in `seen`; what
+/// cannot be read (a directory removed meanwhile) counts nothing.
+fn allocated_bytes(path: &Path, seen: &mut HashSet<(u64, u64)>) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    if meta.is_dir() {
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return 0;
+        };
+        return entries.flatten().map(|e| allocated_bytes(&e.path(), seen)).sum();
+    }
+    if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
+        return meta.blocks() * 512;
+    }
+    0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,6 +314,7 @@ mod tests {
             vcpus: 1,
             memory_mib: 128,
             creates: true,
+            disk: true,
         };
         let r1 = a.admit(&db, "p", &quota, one, 0)?;
         let _r2 = a.admit(&db, "p", &quota, one, 1)?;
@@ -266,6 +333,21 @@ mod tests {
         );
         // A minute later the window has room again.
         let _r4 = a.admit(&db, "p", &quota, one, 60_001)?;
+        Ok(())
+    }
+
+    #[test]
+    fn allocated_bytes_counts_used_blocks_once_per_file() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join("a/b");
+        std::fs::create_dir_all(&data)?;
+        std::fs::write(data.join("full"), vec![7u8; 1 << 20])?;
+        // A sparse file of 1 GiB holds (almost) nothing; a hard link to `full` is the same blocks.
+        std::fs::File::create(data.join("sparse"))?.set_len(1 << 30)?;
+        std::fs::hard_link(data.join("full"), dir.path().join("link"))?;
+        let used = allocated_bytes(dir.path(), &mut HashSet::new());
+        assert!((1 << 20..(1 << 20) + (64 << 10)).contains(&used), "{used}");
+        assert_eq!(allocated_bytes(&dir.path().join("gone"), &mut HashSet::new()), 0);
         Ok(())
     }
 }

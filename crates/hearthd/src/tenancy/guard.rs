@@ -240,7 +240,8 @@ fn ensure_owned(t: &Tenancy, p: &Principal, kind: Kind, key: &str) -> Result<(),
     }
 }
 
-/// What a request would start: creates, forks and resumes.
+/// What a request would start (creates, forks and resumes) or add to the project's disk (those creates and
+/// forks, snapshots, template saves).
 fn want(
     t: &Tenancy,
     ctx: &Ctx,
@@ -282,6 +283,13 @@ fn want(
             (count, shape_of(id)?, true)
         }
         "/v1/sandboxes/{id}/resume" => (1, shape_of(id)?, false),
+        // Nothing starts, but the project's disk grows.
+        "/v1/sandboxes/{id}/snapshots" | "/v1/templates" => {
+            return Ok(Some(Want {
+                disk: true,
+                ..Want::default()
+            }));
+        }
         _ => return Ok(None),
     };
     Ok(Some(Want {
@@ -289,6 +297,7 @@ fn want(
         vcpus: vcpus * n,
         memory_mib: memory * n,
         creates,
+        disk: creates,
     }))
 }
 

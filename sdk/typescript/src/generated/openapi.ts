@@ -1574,6 +1574,12 @@ export interface components {
         };
         /** @description Answer of `GET /v1/projects/{name}/usage`: what the project holds against its quota. */
         ProjectUsage: {
+            /**
+             * Format: int64
+             * @description Bytes on the host's disk of the project's sandboxes, snapshots and saved templates (compare
+             *     `quota.max_disk_bytes`).
+             */
+            disk_bytes?: number;
             /** Format: int64 */
             memory_mib: number;
             project: string;
@@ -1605,6 +1611,13 @@ export interface components {
              * @description Sandboxes created (or forked) per rolling minute.
              */
             max_creates_per_minute?: number | null;
+            /**
+             * Format: int64
+             * @description Bytes on the host's disk of the project's sandbox disks, paused states, snapshots and saved templates
+             *     (blocks actually used, shared ones once). At or over it, creates, forks, snapshots and template saves
+             *     are refused; what exists keeps working (a running sandbox's disk may still grow, up to its own size).
+             */
+            max_disk_bytes?: number | null;
             /**
              * Format: int64
              * @description Seconds a sandbox may exist (running or paused) from its create; an older one is destroyed.
