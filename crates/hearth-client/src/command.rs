@@ -1,6 +1,3 @@
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -14,23 +11,7 @@ use crate::sse::SseEvent;
 use crate::{Client, Error};
 
 /// The events of one streamed command, ending after its `Exit` or `Error` event (or the first `Err`).
-pub struct CommandStream {
-    inner: BoxStream<'static, Result<CommandEvent, Error>>,
-}
-
-impl Stream for CommandStream {
-    type Item = Result<CommandEvent, Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.inner.poll_next_unpin(cx)
-    }
-}
-
-impl std::fmt::Debug for CommandStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CommandStream")
-    }
-}
+pub type CommandStream = crate::sse::EventStream<CommandEvent>;
 
 impl Client {
     /// Runs a command to completion and returns its buffered output. `req.background` is ignored (use
@@ -68,22 +49,9 @@ impl Client {
         let client = self.clone();
         let start = async move {
             let resp = client.send(builder, &url).await?;
-            let content_type = resp
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            if !content_type.starts_with("text/event-stream") {
-                return Err(Error::Decode(format!(
-                    "expected an event stream, got content type {content_type:?}"
-                )));
-            }
-            let body = resp.bytes_stream().boxed();
-            Ok(command_events(body, url))
+            Ok::<_, Error>(command_events(crate::sse::event_body(resp)?, url))
         };
-        CommandStream {
-            inner: stream::once(start).try_flatten().boxed(),
-        }
+        CommandStream::new(stream::once(start).try_flatten().boxed())
     }
 
     /// `GET .../processes`.

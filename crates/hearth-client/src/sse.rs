@@ -175,6 +175,54 @@ impl SseParser {
     }
 }
 
+/// Typed events decoded from an SSE answer ([`crate::CommandStream`], [`crate::TemplateBuildStream`],
+/// [`crate::WatchStream`]): it ends after its terminal event or its first `Err`.
+pub struct EventStream<T> {
+    inner: futures::stream::BoxStream<'static, Result<T, crate::Error>>,
+}
+
+impl<T> EventStream<T> {
+    pub(crate) fn new(inner: futures::stream::BoxStream<'static, Result<T, crate::Error>>) -> Self {
+        EventStream { inner }
+    }
+}
+
+impl<T> futures::Stream for EventStream<T> {
+    type Item = Result<T, crate::Error>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use futures::StreamExt;
+        self.inner.poll_next_unpin(cx)
+    }
+}
+
+impl<T> std::fmt::Debug for EventStream<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EventStream<{}>", std::any::type_name::<T>())
+    }
+}
+
+/// The body of an answer that must be an event stream; another content type is a decode error.
+pub(crate) fn event_body(
+    resp: reqwest::Response,
+) -> Result<futures::stream::BoxStream<'static, Result<bytes::Bytes, reqwest::Error>>, crate::Error> {
+    use futures::StreamExt;
+    let content_type = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !content_type.starts_with("text/event-stream") {
+        return Err(crate::Error::Decode(format!(
+            "expected an event stream, got content type {content_type:?}"
+        )));
+    }
+    Ok(resp.bytes_stream().boxed())
+}
+
 /// Turns an SSE response body into a stream of typed items: `decode` maps each SSE event to an item (or `None`
 /// to skip it), `is_terminal` says which item ends the stream, and a body that ends before a terminal item
 /// yields `Err(Decode(ended_early))`. A transport or framing error is yielded once and ends the stream.

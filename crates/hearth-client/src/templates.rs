@@ -1,36 +1,17 @@
 //! Template builds with their progress streamed as [`TemplateBuildEvent`]s (SSE).
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt, TryStreamExt};
 use hearth_api::{CreateTemplateRequest, TemplateBuildEvent};
-use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::header::ACCEPT;
 use reqwest::{Method, Url};
 
 use crate::sse::SseEvent;
 use crate::{Client, Error};
 
 /// The progress events of one template build, ending after its `Done` or `Failed` event (or the first `Err`).
-pub struct TemplateBuildStream {
-    inner: BoxStream<'static, Result<TemplateBuildEvent, Error>>,
-}
-
-impl Stream for TemplateBuildStream {
-    type Item = Result<TemplateBuildEvent, Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.inner.poll_next_unpin(cx)
-    }
-}
-
-impl std::fmt::Debug for TemplateBuildStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TemplateBuildStream")
-    }
-}
+pub type TemplateBuildStream = crate::sse::EventStream<TemplateBuildEvent>;
 
 impl Client {
     /// `POST /v1/templates` with `Accept: text/event-stream`: saves or builds a template and streams its
@@ -45,21 +26,9 @@ impl Client {
         let client = self.clone();
         let start = async move {
             let resp = client.send(builder, &url).await?;
-            let content_type = resp
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            if !content_type.starts_with("text/event-stream") {
-                return Err(Error::Decode(format!(
-                    "expected an event stream, got content type {content_type:?}"
-                )));
-            }
-            Ok(build_events(resp.bytes_stream().boxed(), url))
+            Ok::<_, Error>(build_events(crate::sse::event_body(resp)?, url))
         };
-        TemplateBuildStream {
-            inner: stream::once(start).try_flatten().boxed(),
-        }
+        TemplateBuildStream::new(stream::once(start).try_flatten().boxed())
     }
 }
 

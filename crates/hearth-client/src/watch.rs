@@ -1,36 +1,17 @@
 //! Directory watches: `GET .../files/watch` as a [`WatchStream`] of [`WatchEvent`]s.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use hearth_api::WatchEvent;
-use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::header::ACCEPT;
 use reqwest::{Method, Url};
 
 use crate::{Client, Error};
 
 /// The events of one directory watch: `Ready` first, then changes, until the stream is dropped (which stops
 /// the watch), or it ends after `End` or `Error` (or the first `Err`).
-pub struct WatchStream {
-    inner: BoxStream<'static, Result<WatchEvent, Error>>,
-}
-
-impl Stream for WatchStream {
-    type Item = Result<WatchEvent, Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.inner.poll_next_unpin(cx)
-    }
-}
-
-impl std::fmt::Debug for WatchStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WatchStream")
-    }
-}
+pub type WatchStream = crate::sse::EventStream<WatchEvent>;
 
 impl Client {
     /// Watches directory `path` in sandbox `id` (and its subdirectories with `recursive`). Returns once the
@@ -45,19 +26,8 @@ impl Client {
             .request(Method::GET, &url)
             .header(ACCEPT, "text/event-stream");
         let resp = self.send(builder, &url).await?;
-        let content_type = resp
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if !content_type.starts_with("text/event-stream") {
-            return Err(Error::Decode(format!(
-                "expected an event stream, got content type {content_type:?}"
-            )));
-        }
-        Ok(WatchStream {
-            inner: watch_events(resp.bytes_stream().boxed(), url).boxed(),
-        })
+        let body = crate::sse::event_body(resp)?;
+        Ok(WatchStream::new(watch_events(body, url).boxed()))
     }
 }
 
