@@ -197,6 +197,17 @@ impl StoreConfig {
     }
 }
 
+/// Whether `name` follows S3's bucket naming: 3-63 characters of a-z, 0-9, '-' and '.', starting and ending
+/// with a letter or digit.
+pub fn is_valid_bucket_name(name: &str) -> bool {
+    (3..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
+        && !name.starts_with(['-', '.'])
+        && !name.ends_with(['-', '.'])
+}
+
 fn parse_url(url: &str) -> Result<(String, String), ConfigError> {
     let bad = |reason| ConfigError::BadUrl {
         url: url.chars().take(200).collect(),
@@ -206,13 +217,7 @@ fn parse_url(url: &str) -> Result<(String, String), ConfigError> {
         .strip_prefix("s3://")
         .ok_or_else(|| bad("expected s3://BUCKET[/PREFIX]"))?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    let bucket_ok = (3..=63).contains(&bucket.len())
-        && bucket
-            .bytes()
-            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
-        && !bucket.starts_with(['-', '.'])
-        && !bucket.ends_with(['-', '.']);
-    if !bucket_ok {
+    if !is_valid_bucket_name(bucket) {
         return Err(bad("bucket names are 3-63 characters of a-z, 0-9, '-' and '.'"));
     }
     let prefix = prefix.trim_end_matches('/');

@@ -130,13 +130,7 @@ fn parse_url(url: &str) -> Result<(String, String), ServiceError> {
         .strip_prefix("s3://")
         .ok_or_else(|| bad("expected s3://BUCKET[/PREFIX]"))?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    let bucket_ok = (3..=63).contains(&bucket.len())
-        && bucket
-            .bytes()
-            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
-        && !bucket.starts_with(['-', '.'])
-        && !bucket.ends_with(['-', '.']);
-    if !bucket_ok {
+    if !hearth_store::config::is_valid_bucket_name(bucket) {
         return Err(bad("bucket names are 3-63 characters of a-z, 0-9, '-' and '.'"));
     }
     let prefix = normalize_prefix(prefix)
