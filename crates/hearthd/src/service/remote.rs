@@ -17,6 +17,10 @@
 //! - Delete: destroying a sandbox, deleting a snapshot or template turns its row `deleting`; the worker removes
 //!   the manifest, and the periodic GC pass ([`gc_loop`]) removes chunks no manifest references any more.
 //!
+//! - Cache: with `--cache-size`, [`super::cache`] evicts least recently used local copies the bucket holds (the
+//!   worker runs a pass after every round); what the bucket, the cache and each object show is
+//!   [`super::remote_status`]'s. A fetch in flight reports its progress there (`storage.fetch`).
+//!
 //! A resume may write into its paused memory file, so it first cancels an upload of that pause in flight (the
 //! manifest is written last: a cancelled upload commits nothing) and a later upload finds the sandbox running
 //! and drops the row.
