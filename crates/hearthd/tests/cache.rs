@@ -270,7 +270,8 @@ async fn local_disk_is_a_cache_of_the_bucket() {
         assert!(d.sandbox_dir(&g.id).join("paused").is_dir());
     }
     assert_eq!(
-        st2["cache"]["evictions"], evictions,
+        st2["cache"]["evictions"],
+        evictions,
         "nothing evicted during the outage: {st:#}\n{st2:#}\n{}",
         d.log()
     );

@@ -240,6 +240,7 @@ impl Sandboxes {
             .filter(|(_, _, bytes)| *bytes > 0)
             .collect();
         let mut used: u64 = sized.iter().map(|(_, _, b)| *b).fold(0, u64::saturating_add);
+        metrics::gauge!("hearth_storage_cache_bytes").set(used as f64);
         if used <= limit {
             return Ok(0);
         }
