@@ -173,6 +173,9 @@ pub struct Sandbox {
     /// How often its disk is synced to the storage bucket (`disk_sync_interval_s` at create).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_sync_interval_s: Option<u64>,
+    /// Where it lives with `hearthd --storage`: local disk, the bucket or both (for a sandbox: its paused state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<crate::ObjectStorage>,
 }
 
 fn yes() -> bool {
@@ -267,6 +270,9 @@ pub struct SnapshotObject {
     pub template: String,
     pub vcpus: u32,
     pub memory_mib: u32,
+    /// Where it lives with `hearthd --storage`: local disk, the bucket or both (for a sandbox: its paused state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<crate::ObjectStorage>,
 }
 
 /// Body of `GET /v1/snapshots`.
@@ -333,6 +339,9 @@ pub struct Template {
     /// RFC 3339; absent for built-in templates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<String>,
+    /// Where it lives with `hearthd --storage`: local disk, the bucket or both (for a sandbox: its paused state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<crate::ObjectStorage>,
 }
 
 /// Body of `GET /v1/templates`.

@@ -22,7 +22,24 @@ pub struct StorageStatus {
     /// Bytes sent to and fetched from the bucket since the daemon started.
     pub bytes_uploaded: u64,
     pub bytes_downloaded: u64,
+    /// The local cache of what the bucket holds (`hearthd --cache-size`).
+    #[serde(default)]
+    pub cache: CacheStatus,
     pub objects: Vec<StoredObject>,
+}
+
+/// Local disk as a cache of the bucket: the local copies of paused sandboxes, snapshots and templates.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct CacheStatus {
+    /// Bytes the local copies take on disk (allocated blocks).
+    pub used_bytes: u64,
+    /// `--cache-size`: above it, least recently used copies that the bucket holds are removed locally.
+    /// Absent: unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    /// Local copies removed since the daemon started.
+    pub evictions: u64,
 }
 
 /// One paused sandbox, snapshot or template and where it lives.
@@ -48,6 +65,39 @@ pub struct StoredObject {
     pub attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Bytes its local copy takes on disk (0 when it is only in the bucket).
+    #[serde(default)]
+    pub local_bytes: u64,
+    /// RFC 3339, when it was last committed or used (resume, create from, fork from): the cache's LRU order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<String>,
+}
+
+/// Where a paused sandbox's state, a snapshot or a template lives (`storage` in their `GET` answers; only with
+/// `hearthd --storage`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct ObjectStorage {
+    /// `local` (not in the bucket yet), `remote` (only in the bucket: fetched on next use) or `both`.
+    pub location: String,
+    /// Its size (logical bytes of its files).
+    pub bytes: u64,
+    /// `pending` (the bucket does not hold this version yet) or `synced`.
+    pub sync: String,
+    /// RFC 3339, when the bucket got this version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced_at: Option<String>,
+    /// While a resume or create fetches it from the bucket (its local copy was gone): how far it got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch: Option<FetchProgress>,
+}
+
+/// Progress of a fetch from the storage bucket (chunks downloaded and verified, or holes).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+pub struct FetchProgress {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
 }
 
 /// Shortest `disk_sync_interval_s` a create may ask for: each sync stops the guest for a moment and reads its

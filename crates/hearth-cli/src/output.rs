@@ -178,14 +178,27 @@ fn state_cell(state: SandboxState, style: Style) -> String {
     }
 }
 
+/// Where an object lives with `hearthd --storage` (`both, synced`), or `-`.
+pub fn storage_cell(s: Option<&hearth_api::ObjectStorage>) -> String {
+    match s {
+        Some(s) => format!("{}, {}", clean(&s.location), clean(&s.sync)),
+        None => "-".to_owned(),
+    }
+}
+
 /// The `hearth ls` table.
 pub fn sandbox_table(sandboxes: &[Sandbox], now: OffsetDateTime, style: Style) -> String {
     let rows: Vec<Vec<String>> = sandboxes
         .iter()
         .map(|s| {
+            // A paused sandbox whose state is only in the storage bucket is fetched on resume: say so.
+            let state = match &s.storage {
+                Some(st) if st.location == "remote" => format!("{} (remote)", s.state.as_str()),
+                _ => s.state.as_str().to_owned(),
+            };
             vec![
                 s.id.clone(),
-                s.state.as_str().to_owned(),
+                state,
                 s.template.clone(),
                 s.vcpus.to_string(),
                 format!("{} MiB", s.memory_mib),
@@ -199,7 +212,7 @@ pub fn sandbox_table(sandboxes: &[Sandbox], now: OffsetDateTime, style: Style) -
         &rows,
         style,
         |r, c, text| match (c, sandboxes.get(r)) {
-            (1, Some(s)) => state_cell(s.state, style),
+            (1, Some(s)) if s.storage.is_none() => state_cell(s.state, style),
             _ => text.to_owned(),
         },
     )
@@ -228,6 +241,21 @@ pub fn sandbox_details(s: &Sandbox, now: OffsetDateTime) -> String {
     }
     if let Some(snap) = &s.snapshot_id {
         pairs.push(("snapshot", snap.clone()));
+    }
+    if let Some(st) = &s.storage {
+        pairs.push((
+            "storage",
+            format!(
+                "{} ({} MiB), {}{}",
+                clean(&st.location),
+                st.bytes / (1024 * 1024),
+                clean(&st.sync),
+                st.synced_at
+                    .as_deref()
+                    .map(|t| format!(" at {}", clean(t)))
+                    .unwrap_or_default()
+            ),
+        ));
     }
     if !s.auto_resume {
         pairs.push(("auto-resume", "off".to_owned()));

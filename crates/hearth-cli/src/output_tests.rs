@@ -27,6 +27,7 @@ fn sandboxes() -> Vec<Sandbox> {
             parent_id: None,
             snapshot_id: None,
             disk_sync_interval_s: None,
+            storage: None,
         },
         Sandbox {
             id: "sbx_fedcba9876543210".into(),
@@ -44,6 +45,7 @@ fn sandboxes() -> Vec<Sandbox> {
             parent_id: None,
             snapshot_id: None,
             disk_sync_interval_s: None,
+            storage: None,
         },
     ]
 }

@@ -1,7 +1,8 @@
 //! Progress on stderr for long operations.
 //!
 //! - [`spinner`]: a spinner with the elapsed time while one request runs (create, pause, resume, fork, snapshot,
-//!   saving a template). The daemon reports no byte counts for these, so there is nothing truer to show.
+//!   saving a template). A resume whose paused state is fetched from the storage bucket turns it into a byte
+//!   bar ([`Spinner::fetch`], fed by the `storage.fetch` progress of `GET /v1/sandboxes/{id}`).
 //! - [`BuildView`]: a template build from a recipe, fed by the daemon's progress events: a bar over the recipe's
 //!   steps with the elapsed time and an ETA, the current step or phase as its message, and a log of each step's
 //!   start, output lines and end above it.
@@ -56,6 +57,29 @@ impl Drop for Spinner {
         if let Some(bar) = self.0.take() {
             bar.finish_and_clear();
         }
+    }
+}
+
+impl Spinner {
+    /// Whether anything is drawn (callers skip work that only feeds the drawing).
+    pub fn draws(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Turns the spinner into a byte bar while the daemon fetches from the storage bucket (`hearth resume` of a
+    /// sandbox whose paused state left the local cache).
+    pub fn fetch(&self, p: &hearth_api::FetchProgress) {
+        let Some(bar) = &self.0 else { return };
+        if bar.length() != Some(p.total_bytes) {
+            if let Ok(style) = ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {elapsed}",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar.set_length(p.total_bytes);
+            bar.set_message(format!("{} (fetching from the storage bucket)", bar.message()));
+        }
+        bar.set_position(p.done_bytes);
     }
 }
 
@@ -302,6 +326,7 @@ mod tests {
                     snapshot_id: None,
                     size_bytes: 1,
                     created_at: None,
+                    storage: None,
                 },
             },
             TemplateBuildEvent::Failed {

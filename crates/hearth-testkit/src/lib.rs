@@ -443,6 +443,12 @@ impl Hearthd {
         std::fs::remove_file(self.data.join("listen-addr")).ok();
     }
 
+    /// Sets an environment variable for the daemon's next starts (a setting changed between two runs on one
+    /// data directory, e.g. `HEARTH_CACHE_SIZE`); takes effect at the next restart.
+    pub fn set_env_for_restarts(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) {
+        self.opts.env.push((key.into(), value.into()));
+    }
+
     /// `kill -9` the daemon (VMs keep running) and start it again on the same data directory.
     pub fn kill9_and_restart(&mut self) {
         self.kill9();

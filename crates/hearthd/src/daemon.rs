@@ -296,6 +296,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
             key_file: args.storage_key.clone(),
             gc_interval: Duration::from_secs(args.storage_gc_interval_s),
             gc_grace: Duration::from_secs(args.storage_gc_grace_s),
+            cache_size: args.cache_size,
         })
         .await?;
         svc.enable_storage(storage);

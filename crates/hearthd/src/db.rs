@@ -141,6 +141,8 @@ const MIGRATIONS: &[&str] = &[
     disk_sync::MIGRATION,
     // 10: the generation of each exposed port's tokens (bumped to revoke them: db/network.rs).
     network::PORT_TOKENS_MIGRATION,
+    // 11: the local cache's last use and evictions of stored objects (db/remote.rs, `--cache-size`).
+    remote::CACHE_MIGRATION,
 ];
 
 #[derive(Debug, thiserror::Error)]

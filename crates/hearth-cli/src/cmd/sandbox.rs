@@ -115,7 +115,22 @@ pub async fn pause(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
 
 pub async fn resume(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
     let spinner = progress::spinner(ctx, format!("resuming {}", output::clean(id)));
-    let sandbox = ctx.client()?.resume_sandbox(id).await;
+    let client = ctx.client()?;
+    let resume = client.resume_sandbox(id);
+    tokio::pin!(resume);
+    // While it runs, the sandbox's GET shows the progress of a fetch from the storage bucket, if any.
+    let sandbox = loop {
+        tokio::select! {
+            r = &mut resume => break r,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(250)), if spinner.draws() => {
+                if let Ok(s) = client.get_sandbox(id).await
+                    && let Some(f) = s.storage.and_then(|s| s.fetch)
+                {
+                    spinner.fetch(&f);
+                }
+            }
+        }
+    };
     drop(spinner);
     let sandbox = sandbox?;
     ctx.emit(&sandbox, || format!("{} running\n", sandbox.id))?;
@@ -169,11 +184,12 @@ pub async fn snapshots(ctx: &Ctx) -> anyhow::Result<u8> {
                     s.template.clone(),
                     s.size_bytes.to_string(),
                     s.created_at.clone(),
+                    output::storage_cell(s.storage.as_ref()),
                 ]
             })
             .collect();
         output::table(
-            &["ID", "SANDBOX", "TEMPLATE", "BYTES", "CREATED"],
+            &["ID", "SANDBOX", "TEMPLATE", "BYTES", "CREATED", "STORAGE"],
             &rows,
             output::Style::PLAIN,
         )
@@ -241,11 +257,12 @@ pub async fn template(ctx: &Ctx, cmd: crate::args::TemplateCommand) -> anyhow::R
                             if t.snapshot_id.is_some() { "yes" } else { "no" }.to_owned(),
                             t.size_bytes.to_string(),
                             t.from_sandbox.clone().unwrap_or_default(),
+                            output::storage_cell(t.storage.as_ref()),
                         ]
                     })
                     .collect();
                 output::table(
-                    &["NAME", "KIND", "MEMORY", "BYTES", "FROM"],
+                    &["NAME", "KIND", "MEMORY", "BYTES", "FROM", "STORAGE"],
                     &rows,
                     output::Style::PLAIN,
                 )

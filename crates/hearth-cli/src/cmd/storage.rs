@@ -27,6 +27,15 @@ fn status_text(s: &StorageStatus, style: Style) -> String {
         ("pending deletes", s.pending_deletes.to_string()),
         ("uploaded", mib(s.bytes_uploaded)),
         ("downloaded", mib(s.bytes_downloaded)),
+        (
+            "local cache",
+            format!(
+                "{} of {}, {} evicted",
+                mib(s.cache.used_bytes),
+                s.cache.limit_bytes.map_or_else(|| "unbounded".to_owned(), mib),
+                s.cache.evictions
+            ),
+        ),
     ]);
     if !s.objects.is_empty() {
         let rows: Vec<Vec<String>> = s
@@ -38,6 +47,7 @@ fn status_text(s: &StorageStatus, style: Style) -> String {
                     output::clean(&o.sync),
                     output::clean(&o.location),
                     mib(o.size_bytes),
+                    mib(o.local_bytes),
                     mib(o.sent_bytes),
                     o.synced_at.clone().unwrap_or_else(|| "-".into()),
                 ]
@@ -45,7 +55,7 @@ fn status_text(s: &StorageStatus, style: Style) -> String {
             .collect();
         out.push('\n');
         out.push_str(&output::table(
-            &["OBJECT", "SYNC", "LOCATION", "SIZE", "SENT", "SYNCED AT"],
+            &["OBJECT", "SYNC", "LOCATION", "SIZE", "LOCAL", "SENT", "SYNCED AT"],
             &rows,
             style,
         ));

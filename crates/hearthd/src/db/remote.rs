@@ -23,6 +23,11 @@ pub const MIGRATION: &str = "CREATE TABLE remote_objects (
         manifest_digest TEXT                   -- sha256 of the synced version's manifest: fetches accept only it
     );";
 
+/// The migration that records the local cache's use of each object (`hearthd --cache-size`): when it was last
+/// used, and when its local copy was evicted (it is fetched back on the next use).
+pub const CACHE_MIGRATION: &str = "ALTER TABLE remote_objects ADD COLUMN last_used INTEGER; -- ms
+    ALTER TABLE remote_objects ADD COLUMN evicted_at INTEGER; -- ms, local copy removed (NULL: local)";
+
 /// What a remote row says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RemoteState {
@@ -67,10 +72,14 @@ pub struct RemoteRow {
     pub last_error: Option<String>,
     /// The synced version's manifest digest: the bucket's copy is accepted back only if it matches.
     pub manifest_digest: Option<String>,
+    /// When the object was last committed or used (ms): the local cache evicts the least recently used first.
+    pub last_used_ms: i64,
+    /// When its local copy was evicted (ms), until it is fetched or committed again.
+    pub evicted_at_ms: Option<i64>,
 }
 
 const SELECT: &str = "SELECT name, kind, owner, state, version, size_bytes, sent_bytes, synced_at, attempts, \
-                      last_error, manifest_digest FROM remote_objects";
+                      last_error, manifest_digest, COALESCE(last_used, version), evicted_at FROM remote_objects";
 
 fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RemoteRow> {
     let state: String = r.get(3)?;
@@ -88,6 +97,8 @@ fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RemoteRow> {
         attempts: r.get(8)?,
         last_error: r.get(9)?,
         manifest_digest: r.get(10)?,
+        last_used_ms: r.get(11)?,
+        evicted_at_ms: r.get(12)?,
     })
 }
 
@@ -111,7 +122,8 @@ impl Db {
                                          attempts, last_error, updated_at)
              VALUES (?1, ?2, ?3, 'pending', ?4, ?5, 0, NULL, 0, NULL, ?6)
              ON CONFLICT (name) DO UPDATE SET kind = ?2, owner = ?3, state = 'pending', version = ?4,
-                size_bytes = ?5, sent_bytes = 0, synced_at = NULL, attempts = 0, last_error = NULL, updated_at = ?6",
+                size_bytes = ?5, sent_bytes = 0, synced_at = NULL, attempts = 0, last_error = NULL, updated_at = ?6,
+                last_used = ?6, evicted_at = NULL",
             params![name, kind, owner, version, i64_of(size_bytes), now],
         )?;
         Ok(())
@@ -164,6 +176,24 @@ impl Db {
         Ok(n > 0)
     }
 
+    /// Records a use of `name` (resume, create from, fork from) for the cache's LRU order.
+    pub fn remote_touch(&self, name: &str, now: i64) -> Result<(), DbError> {
+        self.lock().execute(
+            "UPDATE remote_objects SET last_used = ?2 WHERE name = ?1",
+            params![name, now],
+        )?;
+        Ok(())
+    }
+
+    /// Records whether `name`'s local copy is gone (`Some`: evicted at that time) or back (`None`: fetched).
+    pub fn remote_set_evicted(&self, name: &str, at: Option<i64>) -> Result<(), DbError> {
+        self.lock().execute(
+            "UPDATE remote_objects SET evicted_at = ?2 WHERE name = ?1",
+            params![name, at],
+        )?;
+        Ok(())
+    }
+
     pub fn remote_get(&self, name: &str) -> Result<Option<RemoteRow>, DbError> {
         let conn = self.lock();
         let mut stmt = conn.prepare_cached(&format!("{SELECT} WHERE name = ?1"))?;
@@ -210,6 +240,25 @@ mod tests {
         assert!(!db.remote_forget("sandboxes/a/pause", RemoteState::Synced)?);
         assert!(db.remote_forget("sandboxes/a/pause", RemoteState::Deleting)?);
         assert!(db.remote_list()?.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn last_use_and_eviction_are_recorded() -> Result<(), DbError> {
+        let db = Db::open_in_memory()?;
+        db.remote_pending("snapshots/s", "snapshot", "s", 10, 100, 11)?;
+        // Never touched: the commit is the last use.
+        assert_eq!(db.remote_get("snapshots/s")?.expect("row").last_used_ms, 10);
+        db.remote_touch("snapshots/s", 50)?;
+        db.remote_set_evicted("snapshots/s", Some(60))?;
+        let row = db.remote_get("snapshots/s")?.expect("row");
+        assert_eq!((row.last_used_ms, row.evicted_at_ms), (50, Some(60)));
+        db.remote_set_evicted("snapshots/s", None)?;
+        // A new version is local again and used now.
+        db.remote_set_evicted("snapshots/s", Some(70))?;
+        db.remote_pending("snapshots/s", "snapshot", "s", 80, 100, 81)?;
+        let row = db.remote_get("snapshots/s")?.expect("row");
+        assert_eq!((row.last_used_ms, row.evicted_at_ms), (81, None));
         Ok(())
     }
 }

@@ -30,15 +30,18 @@ fn new_snapshot_id() -> String {
     format!("snp_{}", hex::encode(bytes))
 }
 
-fn to_api(s: &SnapshotRow) -> SnapshotObject {
-    SnapshotObject {
-        id: s.id.clone(),
-        sandbox_id: s.sandbox_id.clone(),
-        created_at: rfc3339(s.created_at_ms),
-        size_bytes: s.size_bytes,
-        template: s.template.clone(),
-        vcpus: s.vcpus,
-        memory_mib: s.memory_mib,
+impl Sandboxes {
+    fn snapshot_api(&self, s: &SnapshotRow) -> SnapshotObject {
+        SnapshotObject {
+            id: s.id.clone(),
+            sandbox_id: s.sandbox_id.clone(),
+            created_at: rfc3339(s.created_at_ms),
+            size_bytes: s.size_bytes,
+            template: s.template.clone(),
+            vcpus: s.vcpus,
+            memory_mib: s.memory_mib,
+            storage: self.object_storage(super::remote::Kind::Snapshot, &s.id),
+        }
     }
 }
 
@@ -134,7 +137,7 @@ impl Sandboxes {
         super::integrity::hash_in_background(parent.join(&snap_id), manifest.fingerprinted());
         self.storage_committed(super::remote::Kind::Snapshot, &snap_id, created, snap.size_bytes);
         tracing::info!(sandbox = %id, snapshot = %snap_id, bytes = snap.size_bytes, "checkpoint taken");
-        Ok(to_api(&snap))
+        Ok(self.snapshot_api(&snap))
     }
 
     /// Forks running sandbox `id` into `count` children that continue its state; the parent keeps running.
@@ -157,6 +160,8 @@ impl Sandboxes {
             _ => (None, Vec::new()),
         };
         let snap = self.checkpoint(id).await?;
+        // Kept in the local cache until every child runs on it (then it is a base they depend on).
+        let _pin = self.cache_pin(&[(super::remote::Kind::Snapshot, snap.id.clone())]);
         // The children restore side by side: each maps the snapshot's memory copy-on-write.
         let creates = (0..count).map(|_| {
             let req = CreateSandboxRequest {
@@ -197,7 +202,12 @@ impl Sandboxes {
     }
 
     pub fn list_snapshots(&self) -> Result<Vec<SnapshotObject>, ServiceError> {
-        Ok(self.db.list_snapshots()?.iter().map(to_api).collect())
+        Ok(self
+            .db
+            .list_snapshots()?
+            .iter()
+            .map(|s| self.snapshot_api(s))
+            .collect())
     }
 
     pub fn get_snapshot(&self, id: &str) -> Result<SnapshotObject, ServiceError> {
@@ -205,7 +215,7 @@ impl Sandboxes {
         if !hearth_api::is_valid_snapshot_id(id) {
             return Err(not_found());
         }
-        Ok(to_api(&self.db.get_snapshot(id)?.ok_or_else(not_found)?))
+        Ok(self.snapshot_api(&self.db.get_snapshot(id)?.ok_or_else(not_found)?))
     }
 
     /// Deletes a snapshot nobody's disk depends on.

@@ -240,7 +240,9 @@ impl Sandboxes {
     ) -> Result<Sandbox, ServiceError> {
         // A recreate from a synced disk takes the source's template and shape, and brings the image here.
         let synced = self.sync_source(&mut req).await?;
-        // A snapshot or saved template whose local copy is gone comes back from the storage bucket.
+        // A snapshot or saved template whose local copy is gone comes back from the storage bucket; it stays in
+        // the local cache while this create uses it (a pin; then the running sandbox depends on it).
+        let _pin = self.cache_pin(&self.base_chain(req.template.as_deref(), req.snapshot.as_deref()));
         self.storage_fetch_for_create(&req).await?;
         let plan = self.plan(req)?;
         let admission = self.admit(plan.vcpus, plan.memory_mib)?;
@@ -692,6 +694,13 @@ impl Sandboxes {
                 .ok()
                 .flatten()
                 .and_then(|s| s.interval_s),
+            // A paused sandbox's state: on this host, in the bucket or both (and a resume's fetch progress).
+            storage: match row.state {
+                SandboxState::Paused | SandboxState::Resuming => {
+                    self.object_storage(super::remote::Kind::Pause, &row.id)
+                }
+                _ => None,
+            },
         }
     }
 

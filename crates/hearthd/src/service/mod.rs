@@ -13,6 +13,8 @@
 //! - [`pause`]: pause to zero, resume, and waking a paused sandbox for a call that needs the guest.
 //! - [`snapshot`]: durable snapshot directories (manifest, checksums, fsync, rename) and their verification.
 //! - [`remote`]: the storage bucket (`--storage`): background uploads, fetches of missing local copies, GC.
+//! - [`cache`]: local disk as a cache of the bucket (`--cache-size`): LRU eviction of what the bucket holds.
+//! - [`remote_status`]: what `GET /v1/storage`, the doctor and `GET` answers show of the bucket and the cache.
 //! - [`sync`]: disk syncs of running sandboxes to the storage bucket, periodic syncs, recreating from them.
 //! - [`templates`]: templates saved from sandboxes (flattened disk, optional memory), listing, deletion.
 //! - [`usage`]: usage reports from the recorded intervals.
@@ -22,6 +24,7 @@ pub mod admission;
 pub mod agent;
 pub mod boundary;
 pub mod buckets;
+pub mod cache;
 pub mod console;
 pub mod exec;
 pub mod files;
@@ -34,6 +37,7 @@ pub mod pause;
 pub mod pty;
 pub mod quota;
 pub mod remote;
+pub mod remote_status;
 pub mod snapshot;
 pub mod sync;
 pub mod templates;

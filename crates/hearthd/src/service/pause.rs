@@ -278,6 +278,10 @@ impl Sandboxes {
         let lock = self.op_lock(id);
         let _guard = lock.lock().await;
         let row = self.row(id)?;
+        // Its paused state and what its disk stands on stay in the local cache (or come back) for the resume.
+        let mut objects = self.base_chain(Some(&row.template), row.snapshot_id.as_deref());
+        objects.push((super::remote::Kind::Pause, id.to_string()));
+        let _pin = self.cache_pin(&objects);
         match row.state {
             SandboxState::Running => return Ok(self.to_api(&row)),
             SandboxState::Paused => {}

@@ -17,6 +17,10 @@
 //! - Delete: destroying a sandbox, deleting a snapshot or template turns its row `deleting`; the worker removes
 //!   the manifest, and the periodic GC pass ([`gc_loop`]) removes chunks no manifest references any more.
 //!
+//! - Cache: with `--cache-size`, [`super::cache`] evicts least recently used local copies the bucket holds (the
+//!   worker runs a pass after every round); what the bucket, the cache and each object show is
+//!   [`super::remote_status`]'s. A fetch in flight reports its progress there (`storage.fetch`).
+//!
 //! A resume may write into its paused memory file, so it first cancels an upload of that pause in flight (the
 //! manifest is written last: a cancelled upload commits nothing) and a later upload finds the sandbox running
 //! and drops the row.
@@ -27,12 +31,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hearth_api::{Check, ErrorCode, SandboxState, StorageGcReport, StorageStatus, StoredObject};
+use hearth_api::{ErrorCode, SandboxState, StorageGcReport};
 use hearth_store::{FileSource, GcOptions, PutOptions, Store, StoreConfig, StoreError, StoreKey};
 use tokio::time::Instant;
 
 use super::integrity;
-use super::lifecycle::rfc3339;
 use super::snapshot;
 use super::{Sandboxes, ServiceError, now_ms};
 use crate::db::remote::{RemoteRow, RemoteState};
@@ -51,7 +54,7 @@ const HASH_WAIT: Duration = Duration::from_secs(30);
 const SANDBOX_DISK: &str = "sandbox-disk";
 
 /// What kind of local thing an object is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Pause,
     Snapshot,
@@ -70,7 +73,7 @@ impl Kind {
         }
     }
 
-    fn parse(s: &str) -> Option<Kind> {
+    pub(super) fn parse(s: &str) -> Option<Kind> {
         match s {
             "pause" => Some(Kind::Pause),
             "snapshot" => Some(Kind::Snapshot),
@@ -98,6 +101,8 @@ pub struct StorageSettings {
     pub key_file: Option<PathBuf>,
     pub gc_interval: Duration,
     pub gc_grace: Duration,
+    /// `--cache-size`: the local copies' limit ([`super::cache`]); `None` is unbounded.
+    pub cache_size: Option<u64>,
 }
 
 /// Why the storage could not be opened at start.
@@ -118,9 +123,9 @@ pub enum OpenError {
 
 /// The open storage and the worker's bookkeeping.
 pub struct Storage {
-    store: Store,
-    url: String,
-    settings: StorageSettings,
+    pub(super) store: Store,
+    pub(super) url: String,
+    pub(super) settings: StorageSettings,
     wake: tokio::sync::Notify,
     /// Uploads and deletes in flight, by object name.
     running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
@@ -128,9 +133,13 @@ pub struct Storage {
     backoff: Mutex<HashMap<String, Instant>>,
     /// Serialises fetches of one object (forks of one snapshot start together).
     fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    last_error: Mutex<Option<String>>,
-    bytes_up: AtomicU64,
-    bytes_down: AtomicU64,
+    pub(super) last_error: Mutex<Option<String>>,
+    pub(super) bytes_up: AtomicU64,
+    pub(super) bytes_down: AtomicU64,
+    /// Fetches in flight and how far they got, by object name (shown in `GET` answers while they run).
+    pub(super) fetches: Arc<Mutex<HashMap<String, hearth_api::FetchProgress>>>,
+    /// Local disk as a cache of the bucket.
+    pub(super) cache: super::cache::Cache,
 }
 
 fn kind_name(kind: hearth_store::RemoteErrorKind) -> &'static str {
@@ -169,7 +178,6 @@ pub async fn open(settings: StorageSettings) -> Result<Storage, OpenError> {
     Ok(Storage {
         store,
         url,
-        settings,
         wake: tokio::sync::Notify::new(),
         running: Mutex::default(),
         backoff: Mutex::default(),
@@ -177,10 +185,13 @@ pub async fn open(settings: StorageSettings) -> Result<Storage, OpenError> {
         last_error: Mutex::default(),
         bytes_up: AtomicU64::new(0),
         bytes_down: AtomicU64::new(0),
+        fetches: Arc::default(),
+        cache: super::cache::Cache::new(settings.cache_size),
+        settings,
     })
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -195,7 +206,7 @@ impl Storage {
         }
     }
 
-    fn is_running(&self, name: &str) -> bool {
+    pub(super) fn is_running(&self, name: &str) -> bool {
         lock(&self.running).get(name).is_some_and(|h| !h.is_finished())
     }
 
@@ -417,7 +428,8 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// Before a create: fetches the snapshot or saved template it starts from when the local copy is gone.
+    /// Before a create: fetches the snapshot or saved template it starts from when the local copy is gone, and
+    /// the ones those were made from ([`Sandboxes::base_chain`]: a snapshot's disk copy is an overlay).
     pub(crate) async fn storage_fetch_for_create(
         &self,
         req: &hearth_api::CreateSandboxRequest,
@@ -425,28 +437,20 @@ impl Sandboxes {
         let Some(st) = self.storage().cloned() else {
             return Ok(());
         };
-        let mut snapshot = req.snapshot.clone();
-        if let Some(t) = &req.template
-            && hearth_api::is_valid_template_name(t)
-            && let Some(row) = self.db.get_template(t)?
-        {
-            let dir = self.settings.paths.user_templates_dir().join(t);
+        let paths = &self.settings.paths;
+        for (kind, owner) in self.base_chain(req.template.as_deref(), req.snapshot.as_deref()) {
+            let (parent, dir) = match kind {
+                Kind::Template => (
+                    paths.user_templates_dir(),
+                    paths.user_templates_dir().join(&owner),
+                ),
+                Kind::Snapshot => (paths.snapshots_dir(), paths.snapshot_dir(&owner)),
+                Kind::Pause | Kind::Sync => continue,
+            };
             if !dir.exists() {
-                std::fs::create_dir_all(self.settings.paths.user_templates_dir())
-                    .map_err(|e| ServiceError::Internal(format!("templates directory: {e}")))?;
-                self.fetch_once(&st, Kind::Template, t, &dir).await?;
-            }
-            snapshot = snapshot.or(row.snapshot_id);
-        }
-        if let Some(s) = snapshot
-            && hearth_api::is_valid_snapshot_id(&s)
-            && self.db.get_snapshot(&s)?.is_some()
-        {
-            let dir = self.settings.paths.snapshot_dir(&s);
-            if !dir.exists() {
-                std::fs::create_dir_all(self.settings.paths.snapshots_dir())
-                    .map_err(|e| ServiceError::Internal(format!("snapshots directory: {e}")))?;
-                self.fetch_once(&st, Kind::Snapshot, &s, &dir).await?;
+                std::fs::create_dir_all(&parent)
+                    .map_err(|e| ServiceError::Internal(format!("{}: {e}", parent.display())))?;
+                self.fetch_once(&st, kind, &owner, &dir).await?;
             }
         }
         Ok(())
@@ -480,9 +484,29 @@ impl Sandboxes {
                 format!("{name} has no committed version recorded on this host; it is not fetched"),
             ));
         };
-        match st.store.get_object_pinned(name, dest, None, Some(&pinned)).await {
+        // Progress for `GET` answers (and the CLI's bar) while the fetch runs.
+        lock(&st.fetches).insert(name.to_string(), hearth_api::FetchProgress::default());
+        let fetches = st.fetches.clone();
+        let key = name.to_string();
+        let progress: hearth_store::ProgressFn = Arc::new(move |p: hearth_store::Progress| {
+            if let Some(e) = lock(&fetches).get_mut(&key) {
+                *e = hearth_api::FetchProgress {
+                    done_bytes: p.done_bytes,
+                    total_bytes: p.total_bytes,
+                };
+            }
+        });
+        let fetched = st
+            .store
+            .get_object_pinned(name, dest, Some(progress), Some(&pinned))
+            .await;
+        lock(&st.fetches).remove(name);
+        match fetched {
             Ok(stats) => {
                 st.healthy();
+                if let Err(e) = self.db.remote_set_evicted(name, None) {
+                    tracing::warn!(object = %name, error = %e, "recording a fetch");
+                }
                 st.bytes_down.fetch_add(stats.downloaded_bytes, Ordering::Relaxed);
                 metrics::counter!("hearth_storage_bytes_downloaded_total").increment(stats.downloaded_bytes);
                 tracing::info!(object = %name, bytes = stats.total_bytes, downloaded = stats.downloaded_bytes,
@@ -676,101 +700,6 @@ impl Sandboxes {
             chunk_bytes_after: usage.chunk_bytes,
         })
     }
-
-    fn storage_required(&self) -> Result<Arc<Storage>, ServiceError> {
-        self.storage().cloned().ok_or_else(|| {
-            ServiceError::Conflict(
-                "no storage bucket is configured (hearthd --storage s3://BUCKET/PREFIX)".into(),
-            )
-        })
-    }
-
-    /// `GET /v1/storage`.
-    pub fn storage_status(&self) -> Result<StorageStatus, ServiceError> {
-        let st = self.storage_required()?;
-        let rows = self.db.remote_list()?;
-        let objects = rows.iter().map(|r| self.stored_object(r)).collect();
-        let count =
-            |s: RemoteState| u32::try_from(rows.iter().filter(|r| r.state == s).count()).unwrap_or(u32::MAX);
-        let last_error = lock(&st.last_error).clone();
-        Ok(StorageStatus {
-            url: st.url.clone(),
-            endpoint: st.store.config().endpoint.clone(),
-            encrypted: st.settings.key_file.is_some(),
-            health: if last_error.is_some() { "unavailable" } else { "ok" }.into(),
-            last_error,
-            pending_uploads: count(RemoteState::Pending),
-            pending_deletes: count(RemoteState::Deleting),
-            bytes_uploaded: st.bytes_up.load(Ordering::Relaxed),
-            bytes_downloaded: st.bytes_down.load(Ordering::Relaxed),
-            objects,
-        })
-    }
-
-    fn stored_object(&self, r: &RemoteRow) -> StoredObject {
-        let paths = &self.settings.paths;
-        let local = match Kind::parse(&r.kind) {
-            Some(Kind::Pause) => self
-                .db
-                .get(&r.owner)
-                .ok()
-                .flatten()
-                .and_then(|s| s.paused)
-                .is_some_and(|p| paths.sandbox_dir(&r.owner).join(p.dir).is_dir()),
-            Some(Kind::Snapshot) => {
-                hearth_api::is_valid_snapshot_id(&r.owner) && paths.snapshot_dir(&r.owner).is_dir()
-            }
-            Some(Kind::Template) => paths.user_templates_dir().join(&r.owner).is_dir(),
-            Some(Kind::Sync) => super::sync::image_dir(paths, &r.owner).is_dir(),
-            None => false,
-        };
-        let remote = r.state == RemoteState::Synced;
-        StoredObject {
-            name: r.name.clone(),
-            kind: r.kind.clone(),
-            owner: r.owner.clone(),
-            sync: r.state.as_str().into(),
-            location: match (local, remote) {
-                (true, true) => "both",
-                (false, true) => "remote",
-                _ => "local",
-            }
-            .into(),
-            size_bytes: r.size_bytes,
-            sent_bytes: r.sent_bytes,
-            synced_at: r.synced_at_ms.map(rfc3339),
-            attempts: r.attempts,
-            last_error: r.last_error.clone(),
-        }
-    }
-
-    /// The `storage` finding of `GET /v1/system` (and `hearth doctor`), when a bucket is configured.
-    pub(crate) fn storage_check(&self) -> Option<Check> {
-        let st = self.storage()?;
-        let pending = self
-            .db
-            .remote_list()
-            .map(|rows| rows.iter().filter(|r| r.state != RemoteState::Synced).count())
-            .unwrap_or(0);
-        let last_error = lock(&st.last_error).clone();
-        let (status, health) = match &last_error {
-            None => ("ok", "reachable".to_string()),
-            Some(e) => ("warn", format!("unavailable ({e})")),
-        };
-        Some(Check {
-            name: "storage".into(),
-            status: status.into(),
-            detail: format!(
-                "{}{}: {health}; {pending} pending uploads/deletes",
-                st.url,
-                if st.settings.key_file.is_some() {
-                    " (encrypted)"
-                } else {
-                    ""
-                }
-            ),
-        })
-    }
 }
 
 /// Uploads and removes objects in the background for as long as the daemon runs; resumes whatever the database
@@ -780,6 +709,13 @@ pub async fn worker(svc: Arc<Sandboxes>) {
     loop {
         if let Err(e) = svc.storage_start_due(&st) {
             tracing::warn!(error = %e, "storage worker");
+        }
+        // Synced objects may leave the local cache now (a no-op without --cache-size).
+        let evict = svc.clone();
+        match tokio::task::spawn_blocking(move || evict.cache_evict()).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "cache eviction"),
+            Err(e) => tracing::warn!(error = %e, "cache eviction task"),
+            Ok(Ok(_)) => {}
         }
         tokio::select! {
             _ = st.wake.notified() => {}

@@ -185,6 +185,7 @@ impl Sandboxes {
             snapshot_id: t.snapshot_id.clone(),
             size_bytes: t.size_bytes,
             created_at: Some(rfc3339(t.created_at_ms)),
+            storage: self.object_storage(super::remote::Kind::Template, &t.name),
         }
     }
 
@@ -207,6 +208,7 @@ impl Sandboxes {
                 from_sandbox: None,
                 snapshot_id: None,
                 created_at: None,
+                storage: None,
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -317,6 +319,8 @@ impl Sandboxes {
             self.refuse_memory_with_mounts(&from)?;
         }
         let snap = self.checkpoint(&from).await?;
+        // Kept in the local cache while the template is made from it.
+        let _pin = self.cache_pin(&[(super::remote::Kind::Snapshot, snap.id.clone())]);
         let result = self.flatten(&name, &snap.id).await;
         let keep_snapshot = include_memory && result.is_ok();
         if !keep_snapshot && let Err(e) = self.delete_snapshot(&snap.id) {

@@ -1041,6 +1041,25 @@ export interface components {
          * @enum {string}
          */
         BuildPhase: "creating_sandbox" | "start_cmd" | "waiting_ready" | "saving";
+        /** @description Local disk as a cache of the bucket: the local copies of paused sandboxes, snapshots and templates. */
+        CacheStatus: {
+            /**
+             * Format: int64
+             * @description Local copies removed since the daemon started.
+             */
+            evictions: number;
+            /**
+             * Format: int64
+             * @description `--cache-size`: above it, least recently used copies that the bucket holds are removed locally.
+             *     Absent: unbounded.
+             */
+            limit_bytes?: number | null;
+            /**
+             * Format: int64
+             * @description Bytes the local copies take on disk (allocated blocks).
+             */
+            used_bytes: number;
+        };
         Capacity: {
             /** Format: int32 */
             host_cpus: number;
@@ -1370,6 +1389,13 @@ export interface components {
             code: components["schemas"]["ErrorCode"];
             message: string;
         };
+        /** @description Progress of a fetch from the storage bucket (chunks downloaded and verified, or holes). */
+        FetchProgress: {
+            /** Format: int64 */
+            done_bytes: number;
+            /** Format: int64 */
+            total_bytes: number;
+        };
         /** @description Metadata of a file in the guest. */
         FileInfo: {
             kind: components["schemas"]["FileKind"];
@@ -1518,6 +1544,24 @@ export interface components {
         /** @description `network` at create, and the body of `PATCH /v1/sandboxes/{id}/network`. */
         NetworkPolicy: {
             egress?: components["schemas"]["EgressPolicy"];
+        };
+        /**
+         * @description Where a paused sandbox's state, a snapshot or a template lives (`storage` in their `GET` answers; only with
+         *     `hearthd --storage`).
+         */
+        ObjectStorage: {
+            /**
+             * Format: int64
+             * @description Its size (logical bytes of its files).
+             */
+            bytes: number;
+            fetch?: components["schemas"]["FetchProgress"] | null;
+            /** @description `local` (not in the bucket yet), `remote` (only in the bucket: fetched on next use) or `both`. */
+            location: string;
+            /** @description `pending` (the bucket does not hold this version yet) or `synced`. */
+            sync: string;
+            /** @description RFC 3339, when the bucket got this version. */
+            synced_at?: string | null;
         };
         /**
          * @description What happens to a sandbox when its TTL passes.
@@ -1721,6 +1765,7 @@ export interface components {
             /** @description The snapshot this sandbox was created from. */
             snapshot_id?: string | null;
             state: components["schemas"]["SandboxState"];
+            storage?: components["schemas"]["ObjectStorage"] | null;
             template: string;
             /** Format: int32 */
             vcpus: number;
@@ -1820,6 +1865,7 @@ export interface components {
             sandbox_id: string;
             /** Format: int64 */
             size_bytes: number;
+            storage?: components["schemas"]["ObjectStorage"] | null;
             template: string;
             /** Format: int32 */
             vcpus: number;
@@ -1858,6 +1904,8 @@ export interface components {
              * @description Bytes sent to and fetched from the bucket since the daemon started.
              */
             bytes_uploaded: number;
+            /** @description The local cache of what the bucket holds (`hearthd --cache-size`). */
+            cache?: components["schemas"]["CacheStatus"];
             /** @description Chunks are encrypted client-side (`--storage-key`). */
             encrypted: boolean;
             /** @description The endpoint when not AWS (MinIO, R2, ...). */
@@ -1886,6 +1934,13 @@ export interface components {
             /** @description `pause`, `snapshot` or `template`. */
             kind: string;
             last_error?: string | null;
+            /** @description RFC 3339, when it was last committed or used (resume, create from, fork from): the cache's LRU order. */
+            last_used_at?: string | null;
+            /**
+             * Format: int64
+             * @description Bytes its local copy takes on disk (0 when it is only in the bucket).
+             */
+            local_bytes?: number;
             /** @description `local`, `remote` or `both`. */
             location: string;
             /** @description Its name in the bucket (`sandboxes/<id>/pause`, `snapshots/<id>`, `templates/<name>`). */
@@ -1935,6 +1990,7 @@ export interface components {
             size_bytes: number;
             /** @description The memory snapshot sandboxes of this template restore from. */
             snapshot_id?: string | null;
+            storage?: components["schemas"]["ObjectStorage"] | null;
         };
         /**
          * @description One progress event of `POST /v1/templates` asked for with `Accept: text/event-stream`. The SSE `event:` name
