@@ -64,25 +64,26 @@ pub fn is_valid_template_name(name: &str) -> bool {
         && !name.starts_with('-')
 }
 
-/// Parses a byte count: digits, optionally followed by `K`, `M`, `G` or `T` (powers of 1024, an optional `i`
-/// and `B` allowed: `20G`, `512MiB`, `4096`).
-pub fn parse_byte_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+/// Parses a byte count: digits, then optionally a suffix K, M, G or T (powers of 1024; any case, with or
+/// without `i` and `B`, after optional spaces: `20G`, `512MiB`, `1tb`, `3 K`, `4096`).
+pub fn parse_byte_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("{s:?}: a number of bytes, optionally with K, M, G or T"))?;
-    let shift = match unit.trim_end_matches('B').trim_end_matches('i') {
+        .map_err(|_| format!("{text:?} is not a size (digits, then K, M, G or T)"))?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let shift = match unit.trim_end_matches("IB").trim_end_matches('B') {
         "" => 0,
-        "K" | "k" => 10,
+        "K" => 10,
         "M" => 20,
         "G" => 30,
         "T" => 40,
-        _ => return Err(format!("{s:?}: unit K, M, G or T")),
+        _ => return Err(format!("{text:?}: unknown size suffix (K, M, G or T)")),
     };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?}: too large"))
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[cfg(test)]
@@ -94,8 +95,10 @@ mod tests {
         assert_eq!(parse_byte_size("4096"), Ok(4096));
         assert_eq!(parse_byte_size("20G"), Ok(20 << 30));
         assert_eq!(parse_byte_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_byte_size("1KB"), Ok(1024));
+        assert_eq!(parse_byte_size("1tb"), Ok(1 << 40));
+        assert_eq!(parse_byte_size("3 K"), Ok(3 << 10));
         assert!(parse_byte_size("").is_err());
+        assert!(parse_byte_size("G").is_err());
         assert!(parse_byte_size("1X").is_err());
         assert!(parse_byte_size("-1").is_err());
         assert!(parse_byte_size("99999999999T").is_err());

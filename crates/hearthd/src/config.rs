@@ -115,7 +115,7 @@ pub struct Args {
     /// Local disk as a cache of the bucket: when the local copies of paused sandboxes, snapshots and templates
     /// take more than this (bytes, or with a suffix: `500M`, `20G`, `1T`; powers of 1024), the least recently
     /// used ones that the bucket holds are removed locally and fetched again when next used. Default: unbounded.
-    #[arg(long, env = "HEARTH_CACHE_SIZE", requires = "storage", value_parser = parse_size)]
+    #[arg(long, env = "HEARTH_CACHE_SIZE", requires = "storage", value_parser = hearth_api::parse_byte_size)]
     pub cache_size: Option<u64>,
     /// Seconds between garbage-collection passes over the storage bucket.
     #[arg(long, env = "HEARTH_STORAGE_GC_INTERVAL_S", default_value_t = 3600)]
@@ -236,28 +236,6 @@ impl Paths {
     }
 }
 
-/// A size in bytes: digits with an optional suffix K, M, G or T (powers of 1024; `KiB`, `GB` and `B` spellings
-/// accepted).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (digits, then K, M, G or T)"))?;
-    let unit = unit.trim().to_ascii_uppercase();
-    let shift = match unit.trim_end_matches("IB").trim_end_matches('B') {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => return Err(format!("{text:?}: unknown size suffix (K, M, G or T)")),
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
 /// Readiness deadline: the flag if given, else a default that fits the acceleration in use.
 pub fn ready_timeout(flag: Option<u64>, accel: hearth_vmm::Accel) -> Duration {
     let secs = flag.unwrap_or(match accel {
@@ -298,19 +276,6 @@ impl Args {
 
 #[cfg(test)]
 mod net_tests {
-    #[test]
-    fn sizes_take_suffixes() {
-        assert_eq!(super::parse_size("4096"), Ok(4096));
-        assert_eq!(super::parse_size("20G"), Ok(20 << 30));
-        assert_eq!(super::parse_size("500MiB"), Ok(500 << 20));
-        assert_eq!(super::parse_size("1tb"), Ok(1 << 40));
-        assert_eq!(super::parse_size("3 K"), Ok(3 << 10));
-        assert!(super::parse_size("G").is_err());
-        assert!(super::parse_size("5X").is_err());
-        assert!(super::parse_size("-1").is_err());
-        assert!(super::parse_size("99999999999T").is_err());
-    }
-
     #[test]
     fn nameserver_comes_from_resolv_conf() {
         let text = "# generated\nsearch example\nnameserver 192.0.2.53\nnameserver 192.0.2.54\n";

@@ -18,7 +18,6 @@
 //! evicted directory is first renamed into `<data>/cache-evicting` (atomic, under the lock), then removed.
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -74,27 +73,6 @@ impl Drop for CachePin {
             }
         }
     }
-}
-
-/// Bytes the files under `path` take on disk (allocated blocks, so sparse memory files count what they hold).
-fn allocated(path: &Path, depth: usize) -> u64 {
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return 0;
-    };
-    if meta.is_file() {
-        return meta.blocks().saturating_mul(512);
-    }
-    if !meta.is_dir() || depth == 0 {
-        return 0;
-    }
-    std::fs::read_dir(path)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| allocated(&e.path(), depth - 1))
-                .fold(0u64, u64::saturating_add)
-        })
-        .unwrap_or(0)
 }
 
 impl Sandboxes {
@@ -182,7 +160,13 @@ impl Sandboxes {
     pub(super) fn local_bytes(&self, kind: Kind, owner: &str) -> u64 {
         let paths = self.local_paths(kind, owner);
         match paths.first() {
-            Some(dir) if dir.is_dir() => paths.iter().map(|p| allocated(p, 4)).fold(0, u64::saturating_add),
+            Some(dir) if dir.is_dir() => {
+                let mut seen = super::disk_use::Seen::new();
+                paths
+                    .iter()
+                    .map(|p| super::disk_use::allocated_bytes(p, &mut seen))
+                    .fold(0, u64::saturating_add)
+            }
             _ => 0,
         }
     }
@@ -316,21 +300,5 @@ impl Sandboxes {
             tracing::warn!(object = %row.name, error = %e, "recording an eviction");
         }
         Ok(true)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn allocated_counts_blocks_not_length() -> std::io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let sparse = std::fs::File::create(dir.path().join("sparse"))?;
-        sparse.set_len(64 << 20)?;
-        std::fs::write(dir.path().join("full"), vec![1u8; 1 << 20])?;
-        let n = allocated(dir.path(), 4);
-        assert!((1 << 20..4 << 20).contains(&n), "{n}");
-        Ok(())
     }
 }

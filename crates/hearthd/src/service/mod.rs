@@ -26,6 +26,7 @@ pub mod boundary;
 pub mod buckets;
 pub mod cache;
 pub mod console;
+pub mod disk_use;
 pub mod exec;
 pub mod files;
 pub mod fork;

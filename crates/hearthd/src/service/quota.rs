@@ -17,9 +17,8 @@
 //! and grow as guests write, so it is checked before what adds to the disk (creates, forks, snapshots,
 //! template saves: refused at or over the limit) rather than reserved in advance.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use hearth_api::Quota;
@@ -241,8 +240,11 @@ impl Sandboxes {
                 dirs.push(paths.user_templates_dir().join(name));
             }
         }
-        let mut seen = HashSet::new();
-        Ok(dirs.iter().map(|d| allocated_bytes(d, &mut seen)).sum())
+        let mut seen = super::disk_use::Seen::new();
+        Ok(dirs
+            .iter()
+            .map(|d| super::disk_use::allocated_bytes(d, &mut seen))
+            .sum())
     }
 
     /// One pass over the projects with time limits: the running sandboxes of a project whose budget is spent
@@ -276,24 +278,6 @@ impl Sandboxes {
         }
         Ok(todo)
     }
-}
-
-/// Blocks used by the files under `path` (not following symbolic links), skipping files in `seen`; what
-/// cannot be read (a directory removed meanwhile) counts nothing.
-fn allocated_bytes(path: &Path, seen: &mut HashSet<(u64, u64)>) -> u64 {
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return 0;
-    };
-    if meta.is_dir() {
-        let Ok(entries) = std::fs::read_dir(path) else {
-            return 0;
-        };
-        return entries.flatten().map(|e| allocated_bytes(&e.path(), seen)).sum();
-    }
-    if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
-        return meta.blocks() * 512;
-    }
-    0
 }
 
 #[cfg(test)]
@@ -333,21 +317,6 @@ mod tests {
         );
         // A minute later the window has room again.
         let _r4 = a.admit(&db, "p", &quota, one, 60_001)?;
-        Ok(())
-    }
-
-    #[test]
-    fn allocated_bytes_counts_used_blocks_once_per_file() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let data = dir.path().join("a/b");
-        std::fs::create_dir_all(&data)?;
-        std::fs::write(data.join("full"), vec![7u8; 1 << 20])?;
-        // A sparse file of 1 GiB holds (almost) nothing; a hard link to `full` is the same blocks.
-        std::fs::File::create(data.join("sparse"))?.set_len(1 << 30)?;
-        std::fs::hard_link(data.join("full"), dir.path().join("link"))?;
-        let used = allocated_bytes(dir.path(), &mut HashSet::new());
-        assert!((1 << 20..(1 << 20) + (64 << 10)).contains(&used), "{used}");
-        assert_eq!(allocated_bytes(&dir.path().join("gone"), &mut HashSet::new()), 0);
         Ok(())
     }
 }
