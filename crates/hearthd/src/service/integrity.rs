@@ -3,9 +3,13 @@
 //! Small files of a snapshot (device state: ~100 KB with guest RAM in its own file) are hashed when the
 //! snapshot is sealed and verified before every restore, as before. Large files (guest memory, disk copies,
 //! a RAM-carrying migration stream) would cost their size on every pause and resume, so they get a
-//! [`Fingerprint`] instead: device, inode, size, modification and change times, taken when the snapshot is
-//! sealed. Any write through the file system changes the change time, so an altered, truncated or replaced
-//! file no longer matches and is refused before a VMM sees it; checking costs one `stat`.
+//! [`Fingerprint`] instead: device, inode, size and modification time, taken when the snapshot is sealed. Any
+//! write through the file system changes the modification time, so an altered, truncated or replaced file no
+//! longer matches and is refused before a VMM sees it; checking costs one `stat`. The change time is recorded
+//! but not compared: linking a snapshot file into a Firecracker jail (a restore, each child of a fork, each
+//! create from a memory template) changes it without touching a byte. Putting the modification time back after
+//! a write needs the file's owner or root (snapshot files are root's and read-only), and the host's root is
+//! trusted (SECURITY.md).
 //!
 //! After the snapshot is committed, a low-priority background task hashes its large files by content (SHA-256
 //! over the non-zero 4 KiB pages, reading only allocated extents: the cost follows the memory the guest
@@ -43,6 +47,12 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// Whether `self` and `other` are the same version of one file: same device, inode, size and modification
+    /// time (the change time moves with links and ownership, not only with content).
+    pub fn same_version(&self, other: &Fingerprint) -> bool {
+        (self.dev, self.ino, self.size, self.mtime_ns) == (other.dev, other.ino, other.size, other.mtime_ns)
+    }
+
     pub fn of(meta: &std::fs::Metadata) -> Fingerprint {
         let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
         Fingerprint {
@@ -165,8 +175,9 @@ pub fn hash_in_background(dir: PathBuf, files: Vec<(String, Fingerprint)>) {
             let mut hashes = read_hashes(&dir);
             for (name, sealed) in files {
                 let path = dir.join(&name);
-                let unchanged =
-                    || std::fs::symlink_metadata(&path).is_ok_and(|m| Fingerprint::of(&m) == sealed);
+                let unchanged = || {
+                    std::fs::symlink_metadata(&path).is_ok_and(|m| Fingerprint::of(&m).same_version(&sealed))
+                };
                 if !unchanged() {
                     continue;
                 }
@@ -225,7 +236,23 @@ mod tests {
         let before = Fingerprint::of(&std::fs::metadata(&p)?);
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&p, b"abc")?;
-        assert_ne!(before, Fingerprint::of(&std::fs::metadata(&p)?));
+        assert!(!before.same_version(&Fingerprint::of(&std::fs::metadata(&p)?)));
+        Ok(())
+    }
+
+    #[test]
+    fn a_link_into_a_jail_is_not_a_new_version() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let p = dir.path().join("vm.mem");
+        std::fs::write(&p, b"memory")?;
+        let sealed = Fingerprint::of(&std::fs::metadata(&p)?);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::hard_link(&p, dir.path().join("jailed"))?;
+        let linked = Fingerprint::of(&std::fs::metadata(&p)?);
+        assert_ne!(sealed.ctime_ns, linked.ctime_ns, "a link changes the change time");
+        assert!(sealed.same_version(&linked));
+        std::fs::remove_file(dir.path().join("jailed"))?;
+        assert!(sealed.same_version(&Fingerprint::of(&std::fs::metadata(&p)?)));
         Ok(())
     }
 }

@@ -286,8 +286,10 @@ async fn complete_hashes(dir: PathBuf) -> std::io::Result<()> {
                 continue;
             }
             let path = dir.join(&name);
-            let unchanged =
-                || std::fs::symlink_metadata(&path).is_ok_and(|m| integrity::Fingerprint::of(&m) == sealed);
+            let unchanged = || {
+                std::fs::symlink_metadata(&path)
+                    .is_ok_and(|m| integrity::Fingerprint::of(&m).same_version(&sealed))
+            };
             if !unchanged() {
                 return Err(std::io::Error::other(format!(
                     "{name} changed since the snapshot was sealed"
