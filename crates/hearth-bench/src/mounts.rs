@@ -306,6 +306,8 @@ async fn guest_rows(
         "mount: small file, open + first byte (guest)",
         &samples("ttfb_s"),
     ));
+    // In order: which of the files was slow (the first? a random one?) is what explains a p95.
+    eprintln!("mount: small file samples in order (s): {}", v["ttfb_s"]);
     // The agent channel, for comparison: a file of the same size on the guest's own disk, downloaded.
     let line = format!("head -c {bytes} /dev/zero > /root/agent.bin");
     client

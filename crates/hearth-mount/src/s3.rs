@@ -143,11 +143,24 @@ impl Bucket {
         if self.is_down() {
             return Err(S3Error::Timeout(limit));
         }
+        let started = std::time::Instant::now();
         let r = match tokio::time::timeout(limit, fut).await {
             Err(_) => Err(S3Error::Timeout(limit)),
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.classify(op, key, &e)),
         };
+        // No key (a user's file name) and no message: the kind of failure is what timing questions need.
+        let failed = match &r {
+            Ok(_) => None,
+            Err(S3Error::Remote(e)) => Some(format!("{:?}", e.kind)),
+            Err(e) => Some(format!("{e}")),
+        };
+        tracing::debug!(
+            op,
+            micros = started.elapsed().as_micros(),
+            failed,
+            "bucket request"
+        );
         let unreachable = match &r {
             Err(S3Error::Timeout(_)) => true,
             Err(S3Error::Remote(e)) => e.kind == RemoteErrorKind::Unreachable,

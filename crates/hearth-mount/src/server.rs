@@ -185,6 +185,7 @@ pub async fn handle(record: &[u8], exports: &dyn Exports) -> Option<Vec<u8>> {
         Parsed::Garbage => None,
         Parsed::WrongRpcVersion(xid) => Some(rpc::rpc_mismatch(xid).buf),
         Parsed::Call(h, mut args) => {
+            let started = std::time::Instant::now();
             let mut body = Writer::new();
             let (prog_vers, result) = match h.prog {
                 nfs3::PROGRAM => (nfs3::VERSION, None),
@@ -208,6 +209,7 @@ pub async fn handle(record: &[u8], exports: &dyn Exports) -> Option<Vec<u8>> {
                     .buf
                     .get(..4)
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+                micros = started.elapsed().as_micros(),
                 "mount rpc"
             );
             let mut reply = rpc::accepted(h.xid, accept);

@@ -26,7 +26,9 @@ impl S3Kind {
     /// Both kinds, for tests that run against each.
     pub const ALL: [S3Kind; 2] = [S3Kind::S3sFs, S3Kind::Moto];
 
-    fn binary(self) -> PathBuf {
+    /// The server's executable: `$HEARTH_S3S_FS` / `$HEARTH_MOTO_SERVER` if set, else where
+    /// `scripts/install-test-deps.sh` installs it (the KVM test host stages `s3s-fs` into its VM by this path).
+    pub fn binary(self) -> PathBuf {
         let (var, installed, name) = match self {
             S3Kind::S3sFs => ("HEARTH_S3S_FS", "/opt/hearth/test-tools/bin/s3s-fs", "s3s-fs"),
             S3Kind::Moto => (

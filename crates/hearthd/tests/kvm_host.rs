@@ -9,7 +9,9 @@
 //!   `more_daemon_tests_on_qemu_kvm`): this build's own test binaries (`disk_headers.rs`, `network.rs`, `vm.rs`,
 //!   `fork.rs`, `templates.rs`, ...) copied into L1 and run there, one test at a time, with
 //!   `HEARTH_TEST_VMM=firecracker` (jailed, hearthd's default) or `qemu` (QEMU with KVM): the same assertions as
-//!   on the host, on another VMM.
+//!   on the host, on another VMM. The bucket-mount tests (`mounts*.rs`) among them start their S3 server in L1:
+//!   this build stages `s3s-fs` there and points `HEARTH_S3S_FS` at it. `more_mount_tests_on_firecracker`
+//!   (not in CI) runs the rest of the mount tests.
 //! - `qemu_kvm_is_auto_without_firecracker`: without the Firecracker binary `auto` is QEMU with KVM, and
 //!   `hearth doctor` in L1 reports KVM usable.
 //!
@@ -19,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use hearth_api::{CreateSandboxRequest, RunCommandRequest};
 use hearth_testkit::kvm_host::{KvmHost, KvmHostOptions, L1HearthdOptions};
+use hearth_testkit::s3::S3Kind;
 
 /// An inner test: (test binary, test name).
 type Inner = (&'static str, &'static str);
@@ -31,6 +34,10 @@ async fn host_with(inner: &[Inner], opts: KvmHostOptions) -> KvmHost {
     let mut opts = opts;
     for (name, exe) in hearth_testkit::build_test_bins("hearthd", &names) {
         opts = opts.program(exe, &name);
+    }
+    // The mount tests start their S3 server (s3s-fs) next to the daemon, on L1's loopback.
+    if names.iter().any(|n| n.starts_with("mounts")) {
+        opts = opts.program(S3Kind::S3sFs.binary(), "s3s-fs");
     }
     boot(opts).await
 }
@@ -60,6 +67,11 @@ async fn run_inner(host: &KvmHost, vmm: &str, inner: &[Inner]) -> Vec<(String, D
                     ("HEARTH_TEST_VMM", vmm),
                     ("HEARTH_IMAGES", "/hearth/images"),
                     ("HEARTH_READY_TIMEOUT_S", "300"),
+                    // hearthd's 10 s for KVM fits hardware, not KVM nested under TCG: there a guest taring its
+                    // root file system (mounts_security) left pings unanswered for 11 s and was failed as hung.
+                    // 30 s, hearthd's default for TCG.
+                    ("HEARTH_AGENT_UNRESPONSIVE_S", "30"),
+                    ("HEARTH_S3S_FS", "/hearth/files/s3s-fs"),
                     ("RUST_BACKTRACE", "1"),
                 ],
                 Some(Duration::from_secs(1200)),
@@ -99,8 +111,11 @@ async fn run_inner(host: &KvmHost, vmm: &str, inner: &[Inner]) -> Vec<(String, D
 /// test does not already cover. SECURITY promise 11 (guest-written disk-image headers never make the host open a
 /// host file) through a template from a sandbox and a sandbox from it, a fork, a snapshot and a sandbox from it,
 /// a memory template and a sandbox restored from it, pause and resume; the network on Firecracker's taps: egress
-/// by CIDR and domain with DNS and the audit log. Firecracker's lifecycle, jail, pause, resume and fork are
-/// `firecracker_runs_jailed_and_leaves_nothing`.
+/// by CIDR and domain with DNS and the audit log; bucket mounts (issue 12: the guest's NFS client reaches the
+/// daemon's server on the gateway through Firecracker's tap, s3s-fs runs on L1's loopback): the bucket's secret
+/// nowhere in the guest's files, processes or memory (a Firecracker pause's snapshot) and the mount working after
+/// the resume, a mount with egress denied plus attach and detach at run time, a read-only mount refusing every
+/// write. Firecracker's lifecycle, jail, pause, resume and fork are `firecracker_runs_jailed_and_leaves_nothing`.
 const FIRECRACKER_TESTS: &[Inner] = &[
     (
         "disk_headers",
@@ -108,7 +123,37 @@ const FIRECRACKER_TESTS: &[Inner] = &[
     ),
     ("network", "egress_policy_by_cidr_and_domain_with_dns_and_audit"),
     ("abuse", "the_reported_boundary_is_the_one_the_kernel_reports"),
+    ("mounts_security", "the_secret_appears_nowhere_in_the_guest"),
+    (
+        "mounts",
+        "mounts_work_with_egress_denied_and_attach_detach_at_run_time",
+    ),
+    ("mounts", "a_read_only_mount_refuses_every_write_with_erofs"),
 ];
+
+/// More bucket-mount tests that pass on Firecracker in L1, left out of CI for time (the three in
+/// `FIRECRACKER_TESTS` cover reads and writes through a prefix, read-only, egress denied, pause and resume, and
+/// the secret in guest memory): both directions with a second sandbox and a 3 MiB file (102 s in L1), pause,
+/// resume and daemon restarts with a file held open (154 s), a fork's mounts.
+/// Run them with `cargo nextest run -p hearthd --test kvm_host --run-ignored only -E 'test(more_mount)'`.
+const MORE_MOUNT_TESTS: &[Inner] = &[
+    (
+        "mounts",
+        "write_in_the_guest_read_on_the_host_and_back_through_a_prefix",
+    ),
+    (
+        "mounts_lifecycle",
+        "mounts_survive_pause_resume_and_daemon_restarts",
+    ),
+    ("mounts_lifecycle", "forks_get_the_parents_mounts"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "left out of CI for time; see MORE_MOUNT_TESTS"]
+async fn more_mount_tests_on_firecracker() {
+    let host = host_with(MORE_MOUNT_TESTS, KvmHostOptions::new()).await;
+    run_inner(&host, "firecracker", MORE_MOUNT_TESTS).await;
+}
 
 /// More of the daemon's real-VM tests that pass on Firecracker in L1 but are left out of CI for time (the KVM
 /// phase must stay near 15 minutes on 2 cores): they test the API and the agent, the same on every VMM, and run

@@ -29,7 +29,11 @@ pub fn options(range: &str) -> Options {
             prefix: "hmnt".into(),
             range: range.into(),
         })
-        .args(["--vmm", "qemu", "--allow-private-bucket-endpoints"])
+        .args([
+            "--vmm",
+            &crate::common::test_vmm(),
+            "--allow-private-bucket-endpoints",
+        ])
         .tempdir_prefix("hm")
         .data_in_tempdir_root()
         .stop_on_drop(Stop::Kill)
