@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use hearth_api::{CreateSandboxRequest, RunCommandRequest};
+use hearth_api::{CreateSandboxRequest, CreateTemplateRequest, RunCommandRequest};
 use hearth_testkit::kvm_host::{KvmHost, KvmHostOptions, L1HearthdOptions};
 use hearth_testkit::s3::S3Kind;
 
@@ -404,7 +404,7 @@ fn minimal(vcpus: u32) -> CreateSandboxRequest {
     }
 }
 
-/// Create -> command -> pause -> resume -> fork into 2 -> destroy on whatever VMM L1's hearthd runs, checking
+/// Create -> command -> pause -> resume -> fork into 2 -> two creates from a memory template -> destroy on whatever VMM L1's hearthd runs, checking
 /// each VMM's jail too when `jailed`. Prints the times (host clock).
 async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool) {
     let t = Instant::now();
@@ -467,6 +467,41 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
     if jailed {
         assert_ne!(uids[0], uids[1], "each child runs as its own uid");
     }
+
+    // A memory template, then two creates from it one after the other: each restore links the template's
+    // memory file into its own jail, and that must not make the next one see a changed (corrupt) snapshot.
+    let t = Instant::now();
+    client
+        .create_template(&CreateTemplateRequest {
+            name: "kvm-mem".into(),
+            from_sandbox: Some(sbx.id.clone()),
+            include_memory: true,
+            recipe: None,
+        })
+        .await
+        .expect("save a memory template");
+    eprintln!("template with memory: {:.1?}", t.elapsed());
+    for n in 0..2 {
+        let t = Instant::now();
+        let req = CreateSandboxRequest {
+            template: Some("kvm-mem".into()),
+            ..Default::default()
+        };
+        let from = client
+            .create_sandbox(&req)
+            .await
+            .expect("create from the memory template");
+        assert_eq!(run(client, &from.id, "cat /root/kept").await, "hello\n");
+        eprintln!(
+            "create {n} from the memory template -> command: {:.1?}",
+            t.elapsed()
+        );
+        client.delete_sandbox(&from.id).await.expect("destroy");
+    }
+    client
+        .delete_template("kvm-mem")
+        .await
+        .expect("delete the template");
 
     // Destroy: nothing of any VM is left.
     for child in &forked.sandboxes {
