@@ -8,41 +8,17 @@
 //! them while its GET shows the fetch in progress).
 
 mod common;
+mod storagefix;
 
 use std::time::Duration;
 
-use common::{Daemon, VM_LOCK, test_vmm, wait_until};
+use common::{Daemon, VM_LOCK, wait_until};
 use hearth_testkit::s3::{S3Kind, S3Server};
-use hearth_testkit::{Network, Options, Stop};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use storagefix::{COUNTER, PREFIX, pause, start_daemon_with, storage};
 
 const BUCKET: &str = "hearth-cache";
-const PREFIX: &str = "hearth";
-const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.2; done";
-
-async fn start_daemon(s3: &S3Server) -> Daemon {
-    let mut opts = Options::new()
-        .bin(env!("CARGO_BIN_EXE_hearthd"))
-        .network(Network::Unset)
-        .args(["--vmm", &test_vmm(), "--network", "off"])
-        .args(["--storage", &s3.url(PREFIX), "--storage-gc-grace-s", "0"])
-        .tempdir_prefix("hc")
-        .data_in_tempdir_root()
-        .stop_on_drop(Stop::Kill)
-        .kill_leftover_vmms(true)
-        .log_on_panic(false);
-    for (k, v) in s3.env() {
-        opts = opts.env(k, v);
-    }
-    Daemon::start_opts(opts).await
-}
-
-async fn storage(d: &Daemon) -> Value {
-    let (status, v) = d.call(Method::GET, "/v1/storage", None).await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    v
-}
 
 fn object(status: &Value, id: &str) -> Value {
     let name = format!("sandboxes/{id}/pause");
@@ -68,13 +44,6 @@ async fn poll(d: &Daemon, what: &str, done: impl Fn(&Value) -> bool) -> Value {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-async fn pause(d: &Daemon, id: &str) {
-    let (status, v) = d
-        .call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
-        .await;
-    assert_eq!(status, StatusCode::OK, "pause {id}: {v}\n{}", d.log());
 }
 
 async fn counter(d: &Daemon, id: &str) -> u64 {
@@ -144,7 +113,7 @@ async fn local_disk_is_a_cache_of_the_bucket() {
     let mut s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, BUCKET))
         .await
         .expect("s3 server");
-    let mut d = start_daemon(&s3).await;
+    let mut d = start_daemon_with(&s3, "hc", &[]).await;
 
     // Without --cache-size: unbounded, nothing evicted.
     let (a, b, c) = (guest(&d).await, guest(&d).await, guest(&d).await);

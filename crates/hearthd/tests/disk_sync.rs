@@ -7,34 +7,17 @@
 //! created with `disk_sync_interval_s: 60` is synced by the daemon after a minute.
 
 mod common;
+mod storagefix;
 
 use std::time::Duration;
 
-use common::{Daemon, VM_LOCK, test_vmm, wait_until};
+use common::{Daemon, VM_LOCK, wait_until};
 use hearth_testkit::s3::{S3Kind, S3Server};
-use hearth_testkit::{Network, Options, Stop};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use storagefix::start_daemon_with;
 
 const BUCKET: &str = "hearth-state";
-const PREFIX: &str = "hearth";
-
-async fn start_daemon(s3: &S3Server) -> Daemon {
-    let mut opts = Options::new()
-        .bin(env!("CARGO_BIN_EXE_hearthd"))
-        .network(Network::Unset)
-        .args(["--vmm", &test_vmm(), "--network", "off"])
-        .args(["--storage", &s3.url(PREFIX), "--storage-gc-grace-s", "0"])
-        .tempdir_prefix("hd")
-        .data_in_tempdir_root()
-        .stop_on_drop(Stop::Kill)
-        .kill_leftover_vmms(true)
-        .log_on_panic(false);
-    for (k, v) in s3.env() {
-        opts = opts.env(k, v);
-    }
-    Daemon::start_opts(opts).await
-}
 
 /// `name`'s entry in `GET /v1/storage`, if any.
 async fn stored(d: &Daemon, name: &str) -> Option<Value> {
@@ -58,7 +41,7 @@ async fn a_synced_disk_recreates_a_sandbox_its_host_lost() {
     let s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, BUCKET))
         .await
         .expect("s3 server");
-    let d = start_daemon(&s3).await;
+    let d = start_daemon_with(&s3, "hd", &[]).await;
 
     // The interval is validated at create.
     let (status, v) = d

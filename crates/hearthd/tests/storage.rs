@@ -7,6 +7,7 @@
 //! leave no chunk. A second test starts the daemon with bad storage settings, which it must refuse.
 
 mod common;
+mod storagefix;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,41 +15,11 @@ use std::time::Duration;
 
 use common::{Daemon, VM_LOCK, test_vmm, wait_until};
 use hearth_testkit::s3::{S3Kind, S3Server};
-use hearth_testkit::{Network, Options, Stop};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use storagefix::{COUNTER, PREFIX, pause, start_daemon_with, storage};
 
 const BUCKET: &str = "hearth-state";
-const PREFIX: &str = "hearth";
-const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.2; done";
-
-async fn start_daemon(s3: &S3Server) -> Daemon {
-    start_daemon_with(s3, &[]).await
-}
-
-async fn start_daemon_with(s3: &S3Server, extra: &[&str]) -> Daemon {
-    let mut opts = Options::new()
-        .bin(env!("CARGO_BIN_EXE_hearthd"))
-        .network(Network::Unset)
-        .args(["--vmm", &test_vmm(), "--network", "off"])
-        .args(["--storage", &s3.url(PREFIX), "--storage-gc-grace-s", "0"])
-        .args(extra)
-        .tempdir_prefix("hd")
-        .data_in_tempdir_root()
-        .stop_on_drop(Stop::Kill)
-        .kill_leftover_vmms(true)
-        .log_on_panic(false);
-    for (k, v) in s3.env() {
-        opts = opts.env(k, v);
-    }
-    Daemon::start_opts(opts).await
-}
-
-async fn storage(d: &Daemon) -> Value {
-    let (status, v) = d.call(Method::GET, "/v1/storage", None).await;
-    assert_eq!(status, StatusCode::OK, "{v}");
-    v
-}
 
 fn object<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
     status["objects"].as_array()?.iter().find(|o| o["name"] == name)
@@ -75,13 +46,6 @@ async fn poll_object(d: &Daemon, name: &str, done: impl Fn(&Value) -> bool) -> V
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-async fn pause(d: &Daemon, id: &str) {
-    let (status, v) = d
-        .call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
-        .await;
-    assert_eq!(status, StatusCode::OK, "pause {id}: {v}\n{}", d.log());
 }
 
 async fn resume(d: &Daemon, id: &str) -> (StatusCode, Value) {
@@ -142,7 +106,7 @@ async fn sandbox_state_lives_in_the_bucket() {
     let mut s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, BUCKET))
         .await
         .expect("s3 server");
-    let mut d = start_daemon(&s3).await;
+    let mut d = start_daemon_with(&s3, "hd", &[]).await;
     let st = storage(&d).await;
     assert_eq!(st["health"], "ok", "{st}");
     let (_, system) = d.call(Method::GET, "/v1/system", None).await;
@@ -519,7 +483,7 @@ async fn encrypted_storage_holds_no_plaintext_and_refuses_a_wrong_key() {
     std::fs::write(&key, format!("{}\n", "ab".repeat(32))).expect("key");
     std::fs::write(&wrong, format!("{}\n", "cd".repeat(32))).expect("key");
     let key_arg = key.to_string_lossy().into_owned();
-    let d = start_daemon_with(&s3, &["--storage-key", &key_arg]).await;
+    let d = start_daemon_with(&s3, "hd", &["--storage-key", &key_arg]).await;
     assert_eq!(storage(&d).await["encrypted"], true);
     let id = d
         .create(json!({"template": "minimal", "memory_mib": 128}))

@@ -1,0 +1,52 @@
+//! Helpers of the storage-bucket tests (`storage.rs`, `cache.rs`, `disk_sync.rs`): a daemon with `--storage`
+//! on a real S3 server of the test, `GET /v1/storage`, a pause that must succeed.
+
+#![allow(dead_code)]
+
+use hearth_testkit::s3::S3Server;
+use hearth_testkit::{Network, Options, Stop};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::common::{Daemon, test_vmm};
+
+/// The prefix inside the test bucket the daemon stores under.
+pub const PREFIX: &str = "hearth";
+/// A background command that counts in `/dev/shm/counter` five times a second (a process whose state only a
+/// memory restore keeps).
+pub const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.2; done";
+
+/// A daemon storing in `s3` (under [`PREFIX`], GC grace 0) with `extra` arguments; its data directory is under
+/// a temporary directory named `tag...`.
+pub async fn start_daemon_with(s3: &S3Server, tag: &str, extra: &[&str]) -> Daemon {
+    let mut opts = Options::new()
+        .bin(env!("CARGO_BIN_EXE_hearthd"))
+        .network(Network::Unset)
+        .args(["--vmm", &test_vmm(), "--network", "off"])
+        .args(["--storage", &s3.url(PREFIX), "--storage-gc-grace-s", "0"])
+        .args(extra)
+        .tempdir_prefix(tag)
+        .data_in_tempdir_root()
+        .stop_on_drop(Stop::Kill)
+        .kill_leftover_vmms(true)
+        .log_on_panic(false);
+    for (k, v) in s3.env() {
+        opts = opts.env(k, v);
+    }
+    Daemon::start_opts(opts).await
+}
+
+/// `GET /v1/storage`.
+pub async fn storage(d: &Daemon) -> Value {
+    let (status, v) = d.call(Method::GET, "/v1/storage", None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v
+}
+
+/// Pauses `id`, which must succeed.
+pub async fn pause(d: &Daemon, id: &str) {
+    let (status, v) = d
+        .call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "pause {id}: {v}\n{}", d.log());
+}
