@@ -16,7 +16,7 @@ use common::{Daemon, VM_LOCK, wait_until};
 use hearth_testkit::s3::{S3Kind, S3Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use storagefix::{COUNTER, PREFIX, pause, start_daemon_with, storage};
+use storagefix::{COUNTER, PREFIX, pause, poll_storage, start_daemon_with, storage};
 
 const BUCKET: &str = "hearth-cache";
 
@@ -31,19 +31,7 @@ fn object(status: &Value, id: &str) -> Value {
 
 /// Polls `GET /v1/storage` until `done` holds (3 minutes at most) and returns the last answer.
 async fn poll(d: &Daemon, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        let st = storage(d).await;
-        if done(&st) {
-            return st;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: {st:#}\n{}",
-            d.log()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    poll_storage(d, what, Duration::from_secs(180), done).await
 }
 
 async fn counter(d: &Daemon, id: &str) -> u64 {

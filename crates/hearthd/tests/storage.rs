@@ -17,7 +17,7 @@ use common::{Daemon, VM_LOCK, test_vmm, wait_until};
 use hearth_testkit::s3::{S3Kind, S3Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use storagefix::{COUNTER, PREFIX, pause, start_daemon_with, storage};
+use storagefix::{COUNTER, PREFIX, pause, poll_storage, start_daemon_with, storage};
 
 const BUCKET: &str = "hearth-state";
 
@@ -32,20 +32,9 @@ async fn synced(d: &Daemon, name: &str) -> Value {
 
 /// Polls `GET /v1/storage` until `name`'s entry satisfies `done` (2 minutes at most) and returns it.
 async fn poll_object(d: &Daemon, name: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let st = storage(d).await;
-        let o = object(&st, name).cloned().unwrap_or_default();
-        if done(&o) {
-            return o;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name}: {st:#}\n{}",
-            d.log()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let entry = |st: &Value| object(st, name).cloned().unwrap_or_default();
+    let st = poll_storage(d, name, Duration::from_secs(120), |st| done(&entry(st))).await;
+    entry(&st)
 }
 
 async fn resume(d: &Daemon, id: &str) -> (StatusCode, Value) {

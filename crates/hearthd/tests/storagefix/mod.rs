@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+use std::time::{Duration, Instant};
+
 use hearth_testkit::s3::S3Server;
 use hearth_testkit::{Network, Options, Stop};
 use reqwest::{Method, StatusCode};
@@ -49,4 +51,18 @@ pub async fn pause(d: &Daemon, id: &str) {
         .call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
         .await;
     assert_eq!(status, StatusCode::OK, "pause {id}: {v}\n{}", d.log());
+}
+
+/// Polls `GET /v1/storage` until `done` holds (for `within` at most, else fails naming `what`) and returns the
+/// last answer.
+pub async fn poll_storage(d: &Daemon, what: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let st = storage(d).await;
+        if done(&st) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "{what}: {st:#}\n{}", d.log());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
