@@ -16,7 +16,7 @@ use common::{Daemon, VM_LOCK, wait_until};
 use hearth_testkit::s3::{S3Kind, S3Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use storagefix::{COUNTER, PREFIX, pause, poll_storage, start_daemon_with, storage};
+use storagefix::{COUNTER, PREFIX, cli_storage_status, pause, poll_storage, start_daemon_with, storage};
 
 const BUCKET: &str = "hearth-cache";
 
@@ -177,17 +177,9 @@ async fn local_disk_is_a_cache_of_the_bucket() {
             .contains("local cache"),
         "{system:#}"
     );
-    let hearth = tokio::task::spawn_blocking(hearth_testkit::hearth_bin)
-        .await
-        .expect("hearth");
-    let out = d
-        .hearth(&hearth)
-        .args(["storage", "status"])
-        .output()
-        .expect("hearth storage status");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (ok, text) = cli_storage_status(&d).await;
     assert!(
-        out.status.success() && text.contains("local cache") && text.contains("2 evicted"),
+        ok && text.contains("local cache") && text.contains("2 evicted"),
         "{text}"
     );
     println!("hearth storage status:\n{text}");

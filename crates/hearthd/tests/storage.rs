@@ -17,7 +17,7 @@ use common::{Daemon, VM_LOCK, test_vmm, wait_until};
 use hearth_testkit::s3::{S3Kind, S3Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use storagefix::{COUNTER, PREFIX, pause, poll_storage, start_daemon_with, storage};
+use storagefix::{COUNTER, PREFIX, cli_storage_status, pause, poll_storage, start_daemon_with, storage};
 
 const BUCKET: &str = "hearth-state";
 
@@ -130,16 +130,8 @@ async fn sandbox_state_lives_in_the_bucket() {
         mib(first["sent_bytes"].as_u64().unwrap_or(0)),
         mib(bytes_a)
     );
-    let hearth = tokio::task::spawn_blocking(hearth_testkit::hearth_bin)
-        .await
-        .expect("hearth");
-    let out = d
-        .hearth(&hearth)
-        .args(["storage", "status"])
-        .output()
-        .expect("hearth storage status");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = cli_storage_status(&d).await;
+    assert!(ok, "{text}");
     assert!(
         text.contains(&format!("sandboxes/{a}/pause")) && text.contains("synced") && text.contains("both"),
         "{text}"

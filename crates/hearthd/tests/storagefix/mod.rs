@@ -66,3 +66,19 @@ pub async fn poll_storage(d: &Daemon, what: &str, within: Duration, done: impl F
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// `hearth storage status` against `d`: whether it exited 0, and what it printed.
+pub async fn cli_storage_status(d: &Daemon) -> (bool, String) {
+    let hearth = tokio::task::spawn_blocking(hearth_testkit::hearth_bin)
+        .await
+        .expect("hearth");
+    let out = d
+        .hearth(&hearth)
+        .args(["storage", "status"])
+        .output()
+        .expect("hearth storage status");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
