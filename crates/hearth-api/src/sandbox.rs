@@ -167,7 +167,8 @@ pub struct Sandbox {
     /// The sandbox this one was forked from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_id: Option<String>,
-    /// The snapshot this sandbox was created from.
+    /// The snapshot this sandbox was created from (recreated from a synced disk: the snapshot that disk builds
+    /// on, if any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_id: Option<String>,
     /// How often its disk is synced to the storage bucket (`disk_sync_interval_s` at create).
@@ -437,5 +438,43 @@ impl TemplateBuildEvent {
             self,
             TemplateBuildEvent::Done { .. } | TemplateBuildEvent::Failed { .. }
         )
+    }
+}
+
+/// One event of `POST /v1/sandboxes` or `POST /v1/sandboxes/{id}/resume` asked for with
+/// `Accept: text/event-stream`. The SSE `event:` name is the variant (`fetch`, `done`, `failed`) and `data:` is
+/// this JSON. `fetch` events come while state the sandbox starts from (a paused sandbox's state, a snapshot, a
+/// saved template, a synced disk) is fetched from the storage bucket because its local copy is gone: one per
+/// object as it starts, as it advances (at most about five a second) and as it ends (`done_bytes` =
+/// `total_bytes`). The stream ends after `done` or `failed`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SandboxStartEvent {
+    /// Progress of one object's fetch (`object` as in `GET /v1/storage`, e.g. `sandboxes/<id>/pause`).
+    Fetch {
+        object: String,
+        done_bytes: u64,
+        total_bytes: u64,
+    },
+    /// The sandbox runs (the answer a JSON request gets).
+    Done { sandbox: Box<Sandbox> },
+    /// The create or resume failed (what a JSON request gets as its error answer).
+    Failed { code: crate::ErrorCode, message: String },
+}
+
+impl SandboxStartEvent {
+    /// The SSE `event:` name of this event.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SandboxStartEvent::Fetch { .. } => "fetch",
+            SandboxStartEvent::Done { .. } => "done",
+            SandboxStartEvent::Failed { .. } => "failed",
+        }
+    }
+
+    /// True for the last event (`done` or `failed`).
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, SandboxStartEvent::Fetch { .. })
     }
 }

@@ -1,8 +1,8 @@
 //! Progress on stderr for long operations.
 //!
 //! - [`spinner`]: a spinner with the elapsed time while one request runs (create, pause, resume, fork, snapshot,
-//!   saving a template). A resume whose paused state is fetched from the storage bucket turns it into a byte
-//!   bar ([`Spinner::fetch`], fed by the `storage.fetch` progress of `GET /v1/sandboxes/{id}`).
+//!   saving a template). A create or resume that fetches from the storage bucket turns it into a byte bar
+//!   ([`Spinner::fetch`], fed by the `fetch` events of the request's event stream).
 //! - [`BuildView`]: a template build from a recipe, fed by the daemon's progress events: a bar over the recipe's
 //!   steps with the elapsed time and an ETA, the current step or phase as its message, and a log of each step's
 //!   start, output lines and end above it.
@@ -67,7 +67,7 @@ impl Spinner {
     }
 
     /// Turns the spinner into a byte bar while the daemon fetches from the storage bucket (`hearth resume` of a
-    /// sandbox whose paused state left the local cache).
+    /// sandbox whose paused state left the local cache, `hearth create` from an evicted snapshot or template).
     pub fn fetch(&self, p: &hearth_api::FetchProgress) {
         let Some(bar) = &self.0 else { return };
         if bar.length() != Some(p.total_bytes) {
@@ -77,7 +77,10 @@ impl Spinner {
                 bar.set_style(style.progress_chars("=> "));
             }
             bar.set_length(p.total_bytes);
-            bar.set_message(format!("{} (fetching from the storage bucket)", bar.message()));
+            const FETCHING: &str = " (fetching from the storage bucket)";
+            if !bar.message().ends_with(FETCHING) {
+                bar.set_message(format!("{}{FETCHING}", bar.message()));
+            }
         }
         bar.set_position(p.done_bytes);
     }

@@ -38,6 +38,7 @@ pub mod files;
 pub mod network;
 pub mod pty;
 pub mod sse;
+pub mod start;
 pub mod storage;
 pub mod templates;
 pub mod tenancy;
@@ -47,5 +48,6 @@ pub use client::{Client, DEFAULT_DATA_DIR, DEFAULT_URL, ListFilter, default_key_
 pub use command::{CommandStream, decode_output};
 pub use error::Error;
 pub use hearth_api as api;
+pub use start::SandboxStartStream;
 pub use templates::TemplateBuildStream;
 pub use watch::WatchStream;

@@ -5,7 +5,8 @@
 //! resume from the bucket with their process and files. With the bucket stopped, pausing them again leaves two
 //! pending pauses over the limit that are never evicted, and nothing else is evicted while the bucket is down;
 //! when it is back, the least recently used of what the bucket holds go until the cache fits (one of the two),
-//! and every sandbox resumes intact (one of them while its GET shows the fetch in progress).
+//! and every sandbox resumes intact (one of them while its GET shows the fetch in progress, one through the
+//! resume's event stream with the fetch's progress).
 
 mod common;
 mod storagefix;
@@ -13,6 +14,8 @@ mod storagefix;
 use std::time::Duration;
 
 use common::{Daemon, VM_LOCK, wait_until};
+use futures::StreamExt;
+use hearth_api::SandboxStartEvent;
 use hearth_testkit::s3::{S3Kind, S3Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -65,6 +68,11 @@ async fn resume_intact(d: &Daemon, g: &Guest) {
         .call(Method::POST, &format!("/v1/sandboxes/{}/resume", g.id), None)
         .await;
     assert_eq!(status, StatusCode::OK, "resume {}: {v}\n{}", g.id, d.log());
+    intact(d, g).await;
+}
+
+/// Checks that `g` runs with its process and file.
+async fn intact(d: &Daemon, g: &Guest) {
     assert_eq!(d.sh(&g.id, "cat /root/me").await.stdout, format!("{}\n", g.id));
     assert_eq!(
         d.sh(&g.id, &format!("kill -0 {}", g.pid)).await.exit_code,
@@ -275,8 +283,60 @@ async fn local_disk_is_a_cache_of_the_bucket() {
         row.get("storage").is_none(),
         "a running sandbox has no stored state: {row}"
     );
-    for g in [&a, &b] {
-        resume_intact(&d, g).await;
+    // The one of a and b that left resumes through the event stream that `hearth resume` draws its bar from
+    // (the Rust client): fetch progress for its pause, the last at its whole size, then the running sandbox.
+    let (gone, kept) = if location(&st, &a.id) == "remote" {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    let client = hearth_client::Client::new(&format!("http://{}", d.addr), d.key.clone()).expect("client");
+    let events: Vec<SandboxStartEvent> = client
+        .resume_sandbox_stream(&gone.id)
+        .map(|e| e.expect("event"))
+        .collect()
+        .await;
+    let name = format!("sandboxes/{}/pause", gone.id);
+    let fetched: Vec<(u64, u64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            SandboxStartEvent::Fetch {
+                object,
+                done_bytes,
+                total_bytes,
+            } if *object == name => Some((*done_bytes, *total_bytes)),
+            _ => None,
+        })
+        .collect();
+    println!(
+        "resume events of {}: {} fetch events, last {:?}",
+        gone.id,
+        fetched.len(),
+        fetched.last()
+    );
+    let (done, total) = *fetched
+        .last()
+        .unwrap_or_else(|| panic!("no fetch event: {events:?}"));
+    assert!(total > 50 << 20 && done == total, "{events:?}");
+    assert!(fetched.windows(2).all(|w| w[0].0 <= w[1].0), "{events:?}");
+    match events.last() {
+        Some(SandboxStartEvent::Done { sandbox }) => {
+            assert_eq!(sandbox.id, gone.id);
+            assert_eq!(sandbox.state, hearth_api::SandboxState::Running);
+        }
+        other => panic!("last event {other:?}"),
     }
+    intact(&d, gone).await;
+    resume_intact(&d, kept).await;
+    // An error before anything was fetched is the JSON answer, not a stream.
+    let err = client
+        .resume_sandbox_stream("sbx_0000000000000000")
+        .next()
+        .await
+        .expect("one item");
+    assert!(
+        matches!(&err, Err(hearth_client::Error::Api { status: 404, .. })),
+        "{err:?}"
+    );
     drop(s3);
 }

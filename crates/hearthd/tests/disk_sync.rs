@@ -4,7 +4,8 @@
 //! files go) and the local image; a new sandbox recreated from the sync has the file, fetched from the bucket and
 //! verified, and not the later write. Also: a bad interval is a 400, a paused sandbox's sync a 409, a recreate
 //! from a sandbox never synced a 404, destroying the source removes its image from the bucket, and a sandbox
-//! created with `disk_sync_interval_s: 60` is synced by the daemon after a minute.
+//! created with `disk_sync_interval_s: 60` is synced by the daemon after a minute. A second test: synced images
+//! in the bounded local cache, and a recreate standing on its source's snapshot.
 
 mod common;
 mod storagefix;
@@ -234,4 +235,92 @@ async fn a_synced_disk_recreates_a_sandbox_its_host_lost() {
     );
     assert!(d.log().contains("periodic disk sync"));
     d.destroy(&periodic).await;
+}
+
+/// Synced images are part of the local cache (`--cache-size`): once in the bucket, an image over the limit is
+/// evicted and a recreate fetches it back. A sandbox recreated from a source that was itself restored from a
+/// snapshot stands on that snapshot (its disk copy is an overlay over it): it records it as its `snapshot_id`,
+/// and the snapshot cannot be deleted while the new sandbox runs, even after the source is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synced_images_are_cached_and_a_recreate_keeps_its_base_snapshot() {
+    let _serial = VM_LOCK.lock().await;
+    let s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, BUCKET))
+        .await
+        .expect("s3 server");
+    let d = start_daemon_with(&s3, "hc", &["--cache-size", "1M"]).await;
+    let origin = d
+        .create(json!({"template": "minimal", "memory_mib": 128}))
+        .await
+        .id;
+    assert_eq!(d.sh(&origin, "echo base > /root/base && sync").await.exit_code, 0);
+    let (status, snap) = d
+        .call(Method::POST, &format!("/v1/sandboxes/{origin}/snapshots"), None)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{snap}\n{}", d.log());
+    let snap = snap["id"].as_str().expect("snapshot id").to_owned();
+    d.destroy(&origin).await;
+    let src = d.create(json!({"snapshot": snap})).await.id;
+    assert_eq!(d.sh(&src, "echo mine > /root/mine").await.exit_code, 0);
+    let (status, v) = sync(&d, &src).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+
+    // In the bucket, then evicted (the snapshot stays: a running sandbox stands on it).
+    let name = format!("sandboxes/{src}/sync");
+    let image = d.data_dir().join("syncs").join(&src);
+    assert!(
+        wait_until(Duration::from_secs(120), || async {
+            stored(&d, &name)
+                .await
+                .is_some_and(|o| o["sync"] == "synced" && o["location"] == "remote")
+        })
+        .await,
+        "the synced image is evicted once uploaded: {:?}\n{}",
+        stored(&d, &name).await,
+        d.log()
+    );
+    assert!(!image.exists(), "{}", image.display());
+    let snap_name = format!("snapshots/{snap}");
+    assert!(
+        wait_until(Duration::from_secs(120), || async {
+            stored(&d, &snap_name)
+                .await
+                .is_some_and(|o| o["sync"] == "synced")
+        })
+        .await,
+        "{:?}",
+        stored(&d, &snap_name).await
+    );
+    // A few worker rounds over the full cache.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        stored(&d, &snap_name).await.map(|o| o["location"].clone()),
+        Some(json!("both")),
+        "a snapshot a running sandbox stands on stays local"
+    );
+
+    // Recreated: the image comes back from the bucket; the new sandbox names the snapshot its disk builds on.
+    let (status, n) = d
+        .call(Method::POST, "/v1/sandboxes", Some(json!({"from_sync": src})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{n}\n{}", d.log());
+    let n = n["id"].as_str().expect("id").to_owned();
+    assert_eq!(d.get(&n).await.1["snapshot_id"], json!(snap));
+    assert_eq!(d.sh(&n, "cat /root/base /root/mine").await.stdout, "base\nmine\n");
+    d.destroy(&src).await;
+    let (status, v) = d
+        .call(Method::DELETE, &format!("/v1/snapshots/{snap}"), None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "the recreated sandbox uses it: {v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap_or_default().contains(&n),
+        "{v}"
+    );
+    // Still local and whole for the sandbox standing on it.
+    assert!(d.data_dir().join("snapshots").join(&snap).is_dir());
+    assert_eq!(d.sh(&n, "cat /root/base").await.stdout, "base\n");
+    d.destroy(&n).await;
+    let (status, v) = d
+        .call(Method::DELETE, &format!("/v1/snapshots/{snap}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
 }

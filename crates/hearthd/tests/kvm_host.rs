@@ -115,7 +115,10 @@ async fn run_inner(host: &KvmHost, vmm: &str, inner: &[Inner]) -> Vec<(String, D
 /// daemon's server on the gateway through Firecracker's tap, s3s-fs runs on L1's loopback): the bucket's secret
 /// nowhere in the guest's files, processes or memory (a Firecracker pause's snapshot) and the mount working after
 /// the resume, a mount with egress denied plus attach and detach at run time, a read-only mount refusing every
-/// write. Firecracker's lifecycle, jail, pause, resume and fork are `firecracker_runs_jailed_and_leaves_nothing`.
+/// write; disk sync (issue 11: Firecracker's `capture_disk` pauses the vCPUs with `PATCH /vm` while the disk is
+/// copied; the image evicted from a bounded cache, fetched back from s3s-fs and recreated into a new jailed VM
+/// standing on its source's snapshot). Firecracker's lifecycle, jail, pause, resume and fork are
+/// `firecracker_runs_jailed_and_leaves_nothing`.
 const FIRECRACKER_TESTS: &[Inner] = &[
     (
         "disk_headers",
@@ -129,6 +132,10 @@ const FIRECRACKER_TESTS: &[Inner] = &[
         "mounts_work_with_egress_denied_and_attach_detach_at_run_time",
     ),
     ("mounts", "a_read_only_mount_refuses_every_write_with_erofs"),
+    (
+        "disk_sync",
+        "synced_images_are_cached_and_a_recreate_keeps_its_base_snapshot",
+    ),
 ];
 
 /// More bucket-mount tests that pass on Firecracker in L1, left out of CI for time (the three in

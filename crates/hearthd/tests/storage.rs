@@ -2,7 +2,9 @@
 //! loopback). One daemon and a handful of sandboxes are shared between the assertions, because every boot costs
 //! seconds: a pause is uploaded, its local copy wiped and the resume fetches it (same process, same files); a
 //! re-pause after changing one file sends a small part; an outage leaves the pause `pending` until the server
-//! is back; a template and 4 sandboxes started from it store far less than 5 copies; a flipped byte in a chunk
+//! is back (and a daemon killed with it pending uploads it after its restart); a daemon killed (`kill -9`) in the
+//! middle of an upload leaves the old version committed and its restart commits the new one whole; a template
+//! and 4 sandboxes started from it store far less than 5 copies; a flipped byte in a chunk
 //! is a typed error naming the object while another sandbox still resumes; deleting everything and a GC pass
 //! leave no chunk. A second test starts the daemon with bad storage settings, which it must refuse.
 
@@ -235,6 +237,86 @@ async fn sandbox_state_lives_in_the_bucket() {
     .await
     .expect("restart s3");
     d.kill9_and_restart().await;
+    synced(&d, &name).await;
+
+    // kill -9 in the middle of an upload: some chunks of a new version are in the bucket, its manifest is not.
+    // The bucket keeps the old version committed until the restarted daemon finishes the upload; the new
+    // version then comes back whole.
+    let (status, v) = resume(&d, &a).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let r = d
+        .sh(
+            &a,
+            "head -c 33554432 /dev/urandom > /dev/shm/big && md5sum /dev/shm/big",
+        )
+        .await;
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let big_sum = r.stdout.split_whitespace().next().expect("md5").to_owned();
+    let old_manifest = std::fs::read(&manifest_path).expect("the committed manifest");
+    let (chunks_before, _) = chunk_usage(&s3);
+    pause(&d, &a).await;
+    let root = bucket_root(&s3);
+    let started = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while std::time::Instant::now() < deadline {
+            let n = hearth_testkit::s3::files_under(&root.join("chunks")).len();
+            if n >= chunks_before + 4 {
+                return Some(n - chunks_before);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    })
+    .await
+    .expect("watch");
+    s3.freeze();
+    let new_chunks = started.expect("the upload of the new version started");
+    let pid_d = d.pid().expect("daemon pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid_d.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let manifest_at_kill = std::fs::read(&manifest_path).expect("a manifest");
+    let (chunks_at_kill, _) = chunk_usage(&s3);
+    println!(
+        "killed mid-upload: {} new chunks in the bucket when seen, {} at the kill",
+        new_chunks,
+        chunks_at_kill - chunks_before
+    );
+    assert!(
+        manifest_at_kill == old_manifest,
+        "the manifest of the version being uploaded is not written before all its chunks"
+    );
+    s3.thaw();
+    d.kill9_and_restart().await;
+    let resynced = synced(&d, &name).await;
+    let new_manifest = std::fs::read(&manifest_path).expect("the new manifest");
+    assert_ne!(
+        new_manifest, old_manifest,
+        "the restarted daemon committed the new version"
+    );
+    for id in manifest_chunks(&s3, &name) {
+        assert!(
+            chunk_path(&s3, &id).is_file(),
+            "chunk {id} of the committed manifest"
+        );
+    }
+    println!(
+        "after the restart: synced {} bytes sent of {}",
+        resynced["sent_bytes"], resynced["size_bytes"]
+    );
+    // Fetched from the bucket (the local copy wiped): the data written before the pause is whole.
+    std::fs::remove_dir_all(d.sandbox_dir(&a)).expect("wipe the sandbox's local files");
+    let (status, v) = resume(&d, &a).await;
+    assert_eq!(status, StatusCode::OK, "{v}\n{}", d.log());
+    let r = d.sh(&a, "md5sum /dev/shm/big && rm /dev/shm/big").await;
+    assert_eq!(
+        r.stdout.split_whitespace().next(),
+        Some(big_sum.as_str()),
+        "{r:?}"
+    );
+    pause(&d, &a).await;
     synced(&d, &name).await;
 
     // A template saved with memory and 4 sandboxes started from it, each paused: far less than 5 copies.

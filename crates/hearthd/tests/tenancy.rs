@@ -1,7 +1,8 @@
 //! Projects against real VMs: a matrix over every route of the daemon's OpenAPI document (another project's key
 //! gets 404 on objects it does not own, a viewer cannot change anything, a revoked or expired key gets 401), and
 //! atomic quota admission (10 parallel creates against a limit of 3; a command waking a paused sandbox), a spent budget
-//! pausing the project, a lifetime destroying old sandboxes and disk bytes counted against `max_disk_bytes`.
+//! pausing the project, a lifetime destroying old sandboxes, disk bytes counted against `max_disk_bytes`, and
+//! creates asked for as event streams owned and admitted like JSON ones.
 
 mod common;
 mod tenancyfix;
@@ -463,4 +464,122 @@ async fn disk_bytes_are_counted_and_at_the_limit_nothing_new_is_written() {
     assert_eq!(s, StatusCode::CREATED, "{v}");
     d.destroy(&id).await;
     d.destroy(v["id"].as_str().unwrap_or_default()).await;
+}
+
+/// `POST` with `Accept: text/event-stream` and a project's key: the status and either the SSE events (name and
+/// JSON data) or the JSON error answer.
+async fn call_sse(
+    d: &Daemon,
+    key: &str,
+    path: &str,
+    body: Value,
+) -> (StatusCode, Vec<(String, Value)>, Value) {
+    let resp = d
+        .http
+        .post(d.url(path))
+        .bearer_auth(key)
+        .header("accept", "text/event-stream")
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status();
+    let streamed = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let text = resp.text().await.expect("body");
+    if !streamed {
+        return (
+            status,
+            Vec::new(),
+            serde_json::from_str(&text).unwrap_or(Value::Null),
+        );
+    }
+    let mut events = Vec::new();
+    for block in text.split("\n\n") {
+        let mut name = String::new();
+        let mut data = String::new();
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                name = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.trim());
+            }
+        }
+        if !name.is_empty() {
+            events.push((name, serde_json::from_str(&data).expect("event json")));
+        }
+    }
+    (status, events, Value::Null)
+}
+
+/// Creates and template saves asked for as event streams are recorded as their project's like JSON ones (the
+/// object in the `done` event), and a streamed create holds its quota slot until it ends.
+#[tokio::test]
+async fn streamed_creates_are_owned_by_their_project_and_hold_their_quota() {
+    let _vm = VM_LOCK.lock().await;
+    let d = Daemon::start().await;
+    create_project(&d, "s", json!({"max_running": 1})).await;
+    create_project(&d, "other", json!({})).await;
+    let k = create_key(&d, "s", "member", None).await;
+    let other = create_key(&d, "other", "member", None).await;
+    // Three at once against a limit of one: one streams to `done`, two are refused with the JSON error.
+    let creates = (0..3).map(|_| {
+        let body = json!({"template": "minimal", "memory_mib": SMALL});
+        call_sse(&d, &k.key, "/v1/sandboxes", body)
+    });
+    let answers = futures::future::join_all(creates).await;
+    let mut ids = Vec::new();
+    let mut refused = 0;
+    for (status, events, error) in &answers {
+        match status.as_u16() {
+            200 => {
+                let (name, data) = events.last().expect("events");
+                assert_eq!(name, "done", "{events:?}");
+                assert_eq!(data["sandbox"]["state"], "running", "{data}");
+                ids.push(data["sandbox"]["id"].as_str().expect("id").to_string());
+            }
+            429 => {
+                assert_eq!(error["error"]["code"], "quota_exceeded", "{error}");
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {events:?} {error}\n{}", d.log()),
+        }
+    }
+    assert_eq!((ids.len(), refused), (1, 2), "{answers:?}");
+    let id = &ids[0];
+    let path = format!("/v1/sandboxes/{id}");
+    assert_eq!(call(&d, &k.key, Method::GET, &path, None).await.0, StatusCode::OK);
+    assert_eq!(
+        call(&d, &other.key, Method::GET, &path, None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    // A template saved through the event stream is the project's too.
+    let (status, events, error) = call_sse(
+        &d,
+        &k.key,
+        "/v1/templates",
+        json!({"name": "streamed-t", "from_sandbox": id}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{error}");
+    assert_eq!(events.last().map(|e| e.0.as_str()), Some("done"), "{events:?}");
+    assert_eq!(
+        call(&d, &k.key, Method::GET, "/v1/templates/streamed-t", None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&d, &other.key, Method::GET, "/v1/templates/streamed-t", None)
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+    let (s, _, _) = call(&d, &k.key, Method::DELETE, "/v1/templates/streamed-t", None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _, _) = call(&d, &k.key, Method::DELETE, &path, None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
 }

@@ -40,7 +40,12 @@ pub async fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<u8> {
         None => "creating a sandbox".to_owned(),
     };
     let spinner = progress::spinner(ctx, what);
-    let sandbox = client.create_sandbox(&req).await;
+    let sandbox = if spinner.draws() {
+        // A snapshot or template fetched from the storage bucket shows as a byte bar.
+        start_with_progress(&spinner, client.create_sandbox_stream(&req)).await
+    } else {
+        client.create_sandbox(&req).await.map_err(Into::into)
+    };
     drop(spinner);
     let sandbox = sandbox?;
     ctx.emit(&sandbox, || format!("{}\n", sandbox.id))?;
@@ -116,25 +121,47 @@ pub async fn pause(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
 pub async fn resume(ctx: &Ctx, id: &str) -> anyhow::Result<u8> {
     let spinner = progress::spinner(ctx, format!("resuming {}", output::clean(id)));
     let client = ctx.client()?;
-    let resume = client.resume_sandbox(id);
-    tokio::pin!(resume);
-    // While it runs, the sandbox's GET shows the progress of a fetch from the storage bucket, if any.
-    let sandbox = loop {
-        tokio::select! {
-            r = &mut resume => break r,
-            _ = tokio::time::sleep(std::time::Duration::from_millis(250)), if spinner.draws() => {
-                if let Ok(s) = client.get_sandbox(id).await
-                    && let Some(f) = s.storage.and_then(|s| s.fetch)
-                {
-                    spinner.fetch(&f);
-                }
-            }
-        }
+    let sandbox = if spinner.draws() {
+        // A paused state fetched from the storage bucket shows as a byte bar.
+        start_with_progress(&spinner, client.resume_sandbox_stream(id)).await
+    } else {
+        client.resume_sandbox(id).await.map_err(Into::into)
     };
     drop(spinner);
     let sandbox = sandbox?;
     ctx.emit(&sandbox, || format!("{} running\n", sandbox.id))?;
     Ok(0)
+}
+
+/// Follows a create's or resume's event stream: fetches from the storage bucket move the spinner's byte bar; the
+/// result is the sandbox, or the API error it failed with.
+async fn start_with_progress(
+    spinner: &progress::Spinner,
+    mut events: hearth_client::SandboxStartStream,
+) -> anyhow::Result<hearth_api::Sandbox> {
+    use hearth_api::SandboxStartEvent;
+    while let Some(ev) = events.next().await {
+        match ev? {
+            SandboxStartEvent::Fetch {
+                done_bytes,
+                total_bytes,
+                ..
+            } => spinner.fetch(&hearth_api::FetchProgress {
+                done_bytes,
+                total_bytes,
+            }),
+            SandboxStartEvent::Done { sandbox } => return Ok(*sandbox),
+            SandboxStartEvent::Failed { code, message } => {
+                return Err(hearth_client::Error::Api {
+                    status: code.http_status(),
+                    code,
+                    message,
+                }
+                .into());
+            }
+        }
+    }
+    anyhow::bail!("the event stream ended without a result")
 }
 
 pub async fn usage(ctx: &Ctx, id: Option<&str>, from: Option<&str>, to: Option<&str>) -> anyhow::Result<u8> {

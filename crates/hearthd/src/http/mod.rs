@@ -14,6 +14,7 @@ pub mod error;
 pub mod files;
 pub mod network;
 pub mod ports;
+pub mod progress;
 pub mod pty;
 pub mod sandboxes;
 pub mod serve;

@@ -1,21 +1,33 @@
 //! `/v1/sandboxes`: create, list, get, destroy, TTL, pause, resume, usage; fork and snapshots.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use hearth_api::{
     CreateSandboxRequest, DiskSync, ErrorBody, ForkRequest, ForkResponse, Sandbox, SandboxBoundary,
-    SandboxList, SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject, UsageReport,
+    SandboxList, SandboxStartEvent, SandboxUsage, SetTimeoutRequest, SnapshotList, SnapshotObject,
+    UsageReport,
 };
 
 use super::AppState;
+use super::commands::wants_event_stream;
 use super::error::{ApiError, ApiJson, ApiQuery, SandboxId};
+use super::progress;
 use crate::tenancy::Principal;
 
 /// Create a sandbox; answers once a command can run in it.
+///
+/// With `Accept: text/event-stream` the answer is a stream of `SandboxStartEvent`s: `fetch` progress while a
+/// snapshot, saved template or synced disk it starts from comes back from the storage bucket, then `done` with
+/// the sandbox or `failed` with the error. A request that fails before anything was fetched gets the JSON error
+/// answer below instead. The create goes on if the caller goes away.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
     responses(
         (status = 201, description = "The sandbox runs", body = Sandbox),
+        (status = 200, description = "Progress events (`Accept: text/event-stream`; SSE: `event:` is the \
+            variant name, `data:` the JSON), ending with `done` or `failed`",
+            content((SandboxStartEvent = "text/event-stream"))),
         (status = 400, description = "Invalid request", body = ErrorBody),
         (status = 404, description = "Unknown template, or `from_sync` names a sandbox without a synced disk \
             (`no_disk_sync`)", body = ErrorBody),
@@ -27,9 +39,19 @@ use crate::tenancy::Principal;
     security(("api_key" = [])))]
 pub async fn create(
     State(st): State<AppState>,
+    headers: HeaderMap,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
-) -> Result<(StatusCode, Json<Sandbox>), ApiError> {
-    Ok((StatusCode::CREATED, Json(st.sandboxes.create(req).await?)))
+) -> Result<Response, ApiError> {
+    let svc = st.sandboxes.clone();
+    if wants_event_stream(&headers) {
+        let objects = svc.create_fetch_objects(&req);
+        let op = tokio::spawn({
+            let svc = svc.clone();
+            async move { svc.create(req).await }
+        });
+        return Ok(progress::start_events(svc, objects, op).await);
+    }
+    Ok((StatusCode::CREATED, Json(svc.create(req).await?)).into_response())
 }
 
 /// List sandboxes, a page at a time in id order. Filters: `state=<state>` and `metadata.<key>=<value>` (all
@@ -131,10 +153,16 @@ pub async fn sync(State(st): State<AppState>, SandboxId(id): SandboxId) -> Resul
 }
 
 /// Resume a paused sandbox into a fresh VM process (processes, memory and files as they were; clock corrected).
+///
+/// With `Accept: text/event-stream` the answer is a stream of `SandboxStartEvent`s: `fetch` progress while its
+/// paused state (or what its disk builds on) comes back from the storage bucket, then `done` or `failed`. A
+/// request that fails before anything was fetched gets the JSON error answer below instead.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
     responses(
-        (status = 200, description = "Running (also when it already was)", body = Sandbox),
+        (status = 200, description = "Running (also when it already was); with `Accept: text/event-stream` \
+            progress events ending with `done` or `failed`", body = Sandbox,
+            content((Sandbox = "application/json"), (SandboxStartEvent = "text/event-stream"))),
         (status = 404, body = ErrorBody),
         (status = 409, description = "Not paused, or its snapshot was written by another VMM", body = ErrorBody),
         (status = 422, description = "The paused state does not match its manifest (snapshot_corrupt)", body = ErrorBody),
@@ -142,8 +170,21 @@ pub async fn sync(State(st): State<AppState>, SandboxId(id): SandboxId) -> Resul
         (status = 503, description = "Not enough memory left on the host", body = ErrorBody),
     ),
     security(("api_key" = [])))]
-pub async fn resume(State(st): State<AppState>, SandboxId(id): SandboxId) -> Result<Json<Sandbox>, ApiError> {
-    Ok(Json(st.sandboxes.resume(&id).await?))
+pub async fn resume(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    SandboxId(id): SandboxId,
+) -> Result<Response, ApiError> {
+    let svc = st.sandboxes.clone();
+    if wants_event_stream(&headers) {
+        let objects = svc.resume_fetch_objects(&id);
+        let op = tokio::spawn({
+            let svc = svc.clone();
+            async move { svc.resume(&id).await }
+        });
+        return Ok(progress::start_events(svc, objects, op).await);
+    }
+    Ok(Json(svc.resume(&id).await?).into_response())
 }
 
 /// Usage of one sandbox since its creation.

@@ -1,7 +1,7 @@
 //! Local disk as a cache of the storage bucket (`hearthd --storage ... --cache-size BYTES`).
 //!
-//! The local copies of paused sandboxes (their `paused` directory and own disk), snapshots and saved templates
-//! are counted by the blocks they take. When they take more than the limit, the least recently used ones that
+//! The local copies of paused sandboxes (their `paused` directory and own disk), snapshots, saved templates and
+//! synced disk images (`<data>/syncs/<id>`) are counted by the blocks they take. When they take more than the limit, the least recently used ones that
 //! are safely in the bucket are removed locally ("evicted"): the next resume, create or fork that needs one
 //! finds its directory gone and fetches it back ([`super::remote`]'s fetch path), verified chunk by chunk.
 //!
@@ -152,6 +152,9 @@ impl Sandboxes {
             Kind::Template if hearth_api::is_valid_template_name(owner) => {
                 vec![paths.user_templates_dir().join(owner)]
             }
+            Kind::Sync if hearth_api::is_valid_sandbox_id(owner) => {
+                vec![super::sync::image_dir(paths, owner)]
+            }
             _ => Vec::new(),
         }
     }
@@ -217,7 +220,7 @@ impl Sandboxes {
             .into_iter()
             .filter(|r| r.state != RemoteState::Deleting)
             .filter_map(|r| {
-                let kind = Kind::parse(&r.kind).filter(|k| *k != Kind::Sync)?;
+                let kind = Kind::parse(&r.kind)?;
                 let bytes = self.local_bytes(kind, &r.owner);
                 Some((r, kind, bytes))
             })
@@ -263,8 +266,9 @@ impl Sandboxes {
 
     /// Moves one object's local files into the trash if it may still go (checked again under its locks).
     fn evict_one(&self, row: &RemoteRow, kind: Kind, trash: &Path) -> std::io::Result<bool> {
-        // A paused sandbox's files are its lifecycle's: only while nobody holds its lock, and only if paused.
-        let lock = (kind == Kind::Pause).then(|| self.op_lock(&row.owner));
+        // A paused sandbox's files are its lifecycle's: only while nobody holds its lock, and only if paused. A
+        // synced image is replaced by a sync under the same lock.
+        let lock = matches!(kind, Kind::Pause | Kind::Sync).then(|| self.op_lock(&row.owner));
         let _guard = match &lock {
             Some(l) => match l.try_lock() {
                 Ok(g) => Some(g),

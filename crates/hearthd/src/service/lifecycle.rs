@@ -238,7 +238,9 @@ impl Sandboxes {
         mut req: CreateSandboxRequest,
         parent: Option<String>,
     ) -> Result<Sandbox, ServiceError> {
-        // A recreate from a synced disk takes the source's template and shape, and brings the image here.
+        // A recreate from a synced disk takes the source's template and shape, and brings the image here (kept
+        // in the local cache from before its fetch until the new sandbox runs on it).
+        let _sync_pin = self.cache_pin(&self.sync_source_objects(&req));
         let synced = self.sync_source(&mut req).await?;
         // A snapshot or saved template whose local copy is gone comes back from the storage bucket; it stays in
         // the local cache while this create uses it (a pin; then the running sandbox depends on it).
@@ -287,7 +289,11 @@ impl Sandboxes {
             on_timeout: plan.on_timeout,
             timeout_s: plan.timeout_s,
             parent_id: parent,
-            snapshot_id: plan.snapshot.clone(),
+            // From a synced disk: the snapshot the copied disk builds on.
+            snapshot_id: plan
+                .snapshot
+                .clone()
+                .or_else(|| synced.as_ref().and_then(|s| s.base_snapshot.clone())),
             paused: None,
             disk: None,
         };

@@ -50,14 +50,11 @@ impl Sandboxes {
 
     /// Whether `r`'s local copy is on this host.
     fn is_local(&self, r: &RemoteRow) -> bool {
-        match Kind::parse(&r.kind) {
-            Some(Kind::Sync) => super::sync::image_dir(&self.settings.paths, &r.owner).is_dir(),
-            Some(kind) => self
-                .local_paths(kind, &r.owner)
+        Kind::parse(&r.kind).is_some_and(|kind| {
+            self.local_paths(kind, &r.owner)
                 .first()
-                .is_some_and(|d| d.is_dir()),
-            None => false,
-        }
+                .is_some_and(|d| d.is_dir())
+        })
     }
 
     fn location(&self, r: &RemoteRow) -> &'static str {
@@ -69,10 +66,7 @@ impl Sandboxes {
     }
 
     fn stored_object(&self, r: &RemoteRow) -> StoredObject {
-        let local_bytes = match Kind::parse(&r.kind) {
-            Some(Kind::Sync) | None => 0,
-            Some(kind) => self.local_bytes(kind, &r.owner),
-        };
+        let local_bytes = Kind::parse(&r.kind).map_or(0, |kind| self.local_bytes(kind, &r.owner));
         StoredObject {
             name: r.name.clone(),
             kind: r.kind.clone(),
@@ -105,6 +99,36 @@ impl Sandboxes {
             synced_at: r.synced_at_ms.map(rfc3339),
             fetch: lock(&st.fetches).get(&name).copied(),
         })
+    }
+
+    /// The objects a create may fetch from the bucket (the snapshots and saved templates it starts from, a
+    /// synced disk and its bases), by object name: what its event stream reports on.
+    pub fn create_fetch_objects(&self, req: &hearth_api::CreateSandboxRequest) -> Vec<String> {
+        let mut objects = self.base_chain(req.template.as_deref(), req.snapshot.as_deref());
+        objects.extend(self.sync_source_objects(req));
+        objects.iter().map(|(k, o)| k.object(o)).collect()
+    }
+
+    /// The objects a resume of `id` may fetch: its paused state and what its disk builds on.
+    pub fn resume_fetch_objects(&self, id: &str) -> Vec<String> {
+        let Ok(Some(row)) = self.db.get(id) else {
+            return Vec::new();
+        };
+        let mut objects = vec![(Kind::Pause, id.to_string())];
+        objects.extend(self.base_chain(Some(&row.template), row.snapshot_id.as_deref()));
+        objects.iter().map(|(k, o)| k.object(o)).collect()
+    }
+
+    /// The fetches in flight among `objects` (names), with their progress.
+    pub fn fetches_of(&self, objects: &[String]) -> Vec<(String, hearth_api::FetchProgress)> {
+        let Some(st) = self.storage() else {
+            return Vec::new();
+        };
+        let fetches = lock(&st.fetches);
+        objects
+            .iter()
+            .filter_map(|o| fetches.get(o).map(|p| (o.clone(), *p)))
+            .collect()
     }
 
     /// The `storage` finding of `GET /v1/system` (and `hearth doctor`), when a bucket is configured.

@@ -53,6 +53,10 @@ pub(crate) struct SyncedDisk {
     pub image: PathBuf,
     /// The file name the new sandbox's disk gets (the source's, from the same VMM driver).
     pub file_name: std::ffi::OsString,
+    /// The snapshot the source's disk builds on (its overlay's base, when it was created from a snapshot or a
+    /// memory template): the new sandbox's copy builds on it too, so it records it as its own `snapshot_id`
+    /// (the snapshot cannot be deleted or evicted from the cache while the new sandbox uses it).
+    pub base_snapshot: Option<String>,
 }
 
 impl Sandboxes {
@@ -253,7 +257,23 @@ impl Sandboxes {
         Ok(Some(SyncedDisk {
             image: image_path,
             file_name,
+            base_snapshot: row.snapshot_id,
         }))
+    }
+
+    /// What a create with `from_sync` uses from the cache: the source's synced image and the snapshots and
+    /// templates its disk builds on ([`Sandboxes::cache_pin`] keeps them local from before their fetch until
+    /// the new sandbox runs; from then on its own `snapshot_id` and template keep them).
+    pub(crate) fn sync_source_objects(&self, req: &CreateSandboxRequest) -> Vec<(Kind, String)> {
+        let Some(src) = req.from_sync.as_deref() else {
+            return Vec::new();
+        };
+        let Ok(Some(row)) = self.db.get(src) else {
+            return Vec::new();
+        };
+        let mut out = vec![(Kind::Sync, src.to_string())];
+        out.extend(self.base_chain(Some(&row.template), row.snapshot_id.as_deref()));
+        out
     }
 
     /// The local image of `src`, fetched from the bucket (the version this host committed) when it is gone.

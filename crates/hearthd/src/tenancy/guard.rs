@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::connect_info::ConnectInfo;
@@ -119,9 +120,7 @@ pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Resp
     let resp = match admit(&t, &principal, &ctx, &params, req).await {
         Ok((req, reservation)) => {
             let resp = next.run(req).await;
-            let resp = after(&t, &principal, &ctx, &params, resp).await;
-            drop(reservation);
-            resp
+            after(&t, &principal, &ctx, &params, resp, reservation).await
         }
         Err(e) => e.into_response(),
     };
@@ -305,13 +304,15 @@ fn reserve(t: &Tenancy, p: &Principal, w: Want) -> Result<Reservation, ApiError>
     t.sandboxes.reserve_quota(&p.project, w).map_err(ApiError::from)
 }
 
-/// Records what a create made, forgets what a delete removed, filters lists.
+/// Records what a create made, forgets what a delete removed, filters lists. The quota reservation is held
+/// until the answer is complete (for an event stream, until its last event).
 async fn after(
-    t: &Tenancy,
+    t: &Arc<Tenancy>,
     p: &Principal,
     ctx: &Ctx,
     params: &HashMap<String, String>,
     resp: Response,
+    reservation: Option<Reservation>,
 ) -> Response {
     if !resp.status().is_success() {
         return resp;
@@ -326,6 +327,9 @@ async fn after(
     let filters = ctx.method == Method::GET && !p.is_admin() && objects::list_shape(&ctx.route).is_some();
     if !creates && !filters {
         return resp;
+    }
+    if creates && is_event_stream(&resp) {
+        return record_from_events(t.clone(), p.project.clone(), ctx.route.clone(), resp, reservation);
     }
     let (mut parts, body) = resp.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, ANSWER_LIMIT).await else {
@@ -347,6 +351,76 @@ async fn after(
     }
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(value.to_string()))
+}
+
+fn is_event_stream(resp: &Response) -> bool {
+    resp.headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The answer of a create asked for as an event stream (a sandbox's start, a template build): its events pass
+/// through as they come, and the object in its `done` event is recorded as the project's before that event is
+/// passed on. A task reads the stream to its end even when the caller has gone away (the create goes on, so its
+/// object must still be owned); the quota reservation lives as long as the task.
+fn record_from_events(
+    t: Arc<Tenancy>,
+    project: String,
+    route: String,
+    resp: Response,
+    reservation: Option<Reservation>,
+) -> Response {
+    use futures::StreamExt;
+    let (parts, body) = resp.into_parts();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, axum::Error>>(16);
+    tokio::spawn(async move {
+        let _reservation = reservation;
+        let mut body = body.into_data_stream();
+        let mut pending = String::new();
+        let mut caller = Some(tx);
+        while let Some(chunk) = body.next().await {
+            if let Ok(bytes) = &chunk {
+                pending.push_str(&String::from_utf8_lossy(bytes));
+                while let Some(end) = pending.find("\n\n") {
+                    let event: String = pending.drain(..end + 2).collect();
+                    record_done_event(&t, &route, &event, &project);
+                }
+            }
+            if let Some(tx) = &caller
+                && tx.send(chunk).await.is_err()
+            {
+                caller = None;
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
+/// Records the object of one SSE event if it is a create's `done` (`data:` holds `sandbox` or `template`).
+fn record_done_event(t: &Tenancy, route: &str, event: &str, project: &str) {
+    let mut name = "";
+    let mut data = String::new();
+    for line in event.lines() {
+        if let Some(v) = line.strip_prefix("event:") {
+            name = v.trim();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        }
+    }
+    if name != "done" {
+        return;
+    }
+    let Ok(value) = serde_json::from_str::<Value>(&data) else {
+        return;
+    };
+    let Some(object) = value.get("sandbox").or_else(|| value.get("template")) else {
+        return;
+    };
+    if let Err(e) = objects::record_created(t, route, object, project) {
+        tracing::error!(error = %e, route, "recording a streamed create's object");
+    }
 }
 
 /// Adds the request id and, for state changes and refused keys, appends the audit entry.

@@ -293,7 +293,13 @@ export interface paths {
          */
         get: operations["sandboxes_list"];
         put?: never;
-        /** Create a sandbox; answers once a command can run in it. */
+        /**
+         * Create a sandbox; answers once a command can run in it.
+         * @description With `Accept: text/event-stream` the answer is a stream of `SandboxStartEvent`s: `fetch` progress while a
+         *     snapshot, saved template or synced disk it starts from comes back from the storage bucket, then `done` with
+         *     the sandbox or `failed` with the error. A request that fails before anything was fetched gets the JSON error
+         *     answer below instead. The create goes on if the caller goes away.
+         */
         post: operations["sandboxes_create"];
         delete?: never;
         options?: never;
@@ -694,7 +700,12 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Resume a paused sandbox into a fresh VM process (processes, memory and files as they were; clock corrected). */
+        /**
+         * Resume a paused sandbox into a fresh VM process (processes, memory and files as they were; clock corrected).
+         * @description With `Accept: text/event-stream` the answer is a stream of `SandboxStartEvent`s: `fetch` progress while its
+         *     paused state (or what its disk builds on) comes back from the storage bucket, then `done` or `failed`. A
+         *     request that fails before anything was fetched gets the JSON error answer below instead.
+         */
         post: operations["resume"];
         delete?: never;
         options?: never;
@@ -1762,7 +1773,10 @@ export interface components {
             on_timeout?: components["schemas"]["OnTimeout"];
             /** @description The sandbox this one was forked from. */
             parent_id?: string | null;
-            /** @description The snapshot this sandbox was created from. */
+            /**
+             * @description The snapshot this sandbox was created from (recreated from a synced disk: the snapshot that disk builds
+             *     on, if any).
+             */
             snapshot_id?: string | null;
             state: components["schemas"]["SandboxState"];
             storage?: components["schemas"]["ObjectStorage"] | null;
@@ -1797,6 +1811,32 @@ export interface components {
             guest_address: string;
             /** @description Names of the private networks the sandbox is attached to. */
             networks: string[];
+        };
+        /**
+         * @description One event of `POST /v1/sandboxes` or `POST /v1/sandboxes/{id}/resume` asked for with
+         *     `Accept: text/event-stream`. The SSE `event:` name is the variant (`fetch`, `done`, `failed`) and `data:` is
+         *     this JSON. `fetch` events come while state the sandbox starts from (a paused sandbox's state, a snapshot, a
+         *     saved template, a synced disk) is fetched from the storage bucket because its local copy is gone: one per
+         *     object as it starts, as it advances (at most about five a second) and as it ends (`done_bytes` =
+         *     `total_bytes`). The stream ends after `done` or `failed`.
+         */
+        SandboxStartEvent: {
+            /** Format: int64 */
+            done_bytes: number;
+            object: string;
+            /** Format: int64 */
+            total_bytes: number;
+            /** @enum {string} */
+            type: "fetch";
+        } | {
+            sandbox: components["schemas"]["Sandbox"];
+            /** @enum {string} */
+            type: "done";
+        } | {
+            code: components["schemas"]["ErrorCode"];
+            message: string;
+            /** @enum {string} */
+            type: "failed";
         };
         /**
          * @description Lifecycle state of a sandbox.
@@ -2921,6 +2961,15 @@ export interface operations {
             };
         };
         responses: {
+            /** @description Progress events (`Accept: text/event-stream`; SSE: `event:` is the variant name, `data:` the JSON), ending with `done` or `failed` */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["SandboxStartEvent"];
+                };
+            };
             /** @description The sandbox runs */
             201: {
                 headers: {
@@ -4228,13 +4277,14 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Running (also when it already was) */
+            /** @description Running (also when it already was); with `Accept: text/event-stream` progress events ending with `done` or `failed` */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": components["schemas"]["Sandbox"];
+                    "text/event-stream": components["schemas"]["SandboxStartEvent"];
                 };
             };
             404: {
