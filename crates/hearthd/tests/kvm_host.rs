@@ -35,8 +35,8 @@ async fn host_with(inner: &[Inner], opts: KvmHostOptions) -> KvmHost {
     for (name, exe) in hearth_testkit::build_test_bins("hearthd", &names) {
         opts = opts.program(exe, &name);
     }
-    // The mount tests start their S3 server (s3s-fs) next to the daemon, on L1's loopback.
-    if names.iter().any(|n| n.starts_with("mounts")) {
+    // The mount and disk sync tests start their S3 server (s3s-fs) next to the daemon, on L1's loopback.
+    if names.iter().any(|n| n.starts_with("mounts") || *n == "disk_sync") {
         opts = opts.program(S3Kind::S3sFs.binary(), "s3s-fs");
     }
     boot(opts).await
