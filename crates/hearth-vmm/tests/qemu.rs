@@ -478,7 +478,7 @@ async fn checkpoint_pause_resume_and_fork() {
     let mut sf = spec(run_fork.path(), fork_disk, "fork-test");
     sf.id = "sbx_00000000000000bb".to_string();
     let fork = vmm.restore(&sf, &ck, &info).await.expect("fork");
-    let _fork_guard = Guard {
+    let mut fork_guard = Guard {
         vmm: &vmm,
         vm: Some(fork.clone()),
     };
@@ -488,11 +488,38 @@ async fn checkpoint_pause_resume_and_fork() {
     let (_, mark) = run_in_guest(&client, &["cat", "/run/mark"]).await;
     assert_eq!(mark, "after\n", "the resumed VM is unaffected by the fork");
 
+    // The fork's RAM is a copy-on-write mapping of the checkpoint's memory file: its pause writes RAM into the
+    // stream with `mapped-ram` (each page at its own offset), and the resume reads it back.
+    let (code, _) = run_in_guest(&fork_client, &["sh", "-c", "echo fork-memory > /run/fork-mark"]).await;
+    assert_eq!(code, Some(0));
+    drop(fork_client);
+    let fork_paused = snaps.path().join("fork-pause");
+    std::fs::create_dir(&fork_paused).expect("mkdir");
+    let finfo = vmm
+        .snapshot(&fork, &sf.disk, &fork_paused, SnapshotMode::Pause)
+        .await
+        .expect("pause the fork");
+    assert!(finfo.features.iter().any(|f| f == "mapped-ram"), "{finfo:?}");
+    assert!(finfo.memory_file.is_none(), "{finfo:?}");
+    let fork = vmm
+        .restore(&sf, &fork_paused, &finfo)
+        .await
+        .expect("resume the fork");
+    fork_guard.vm = Some(fork.clone());
+    let fork_client = wait_for_agent(&vmm, &fork).await;
+    let (_, mark) = run_in_guest(
+        &fork_client,
+        &["cat", "/run/fork-mark", "/run/mark", "/root/mark"],
+    )
+    .await;
+    assert_eq!(mark, "fork-memory\nin-memory\non-disk\n");
+
     drop((client, fork_client));
     vmm.stop(&fork).await.expect("stop fork");
     vmm.stop(&resumed).await.expect("stop resumed");
     assert!(!vmm.is_alive(&fork) && !vmm.is_alive(&resumed));
     guard.vm = None;
+    fork_guard.vm = None;
 }
 
 /// The boot protocol version the guest kernel saw: 2.12 is what its own PVH entry code fills in, a bzImage

@@ -20,9 +20,8 @@ use crate::{VmHandle, VmSpec, VmmError, VmmKind, process_start_ticks};
 pub(super) enum Boot {
     /// Boot the kernel.
     Fresh,
-    /// Load this migration stream (a snapshot's `vmstate`) first; `ignore_shared` when it was written with
-    /// RAM left in a shared file.
-    Incoming { state: File, ignore_shared: bool },
+    /// Load this migration stream (a snapshot's `vmstate`) first, with the capabilities it was written with.
+    Incoming { state: File, caps: snapshot::StreamCaps },
 }
 
 impl QemuVmm {
@@ -228,8 +227,8 @@ impl QemuVmm {
     /// CPUs run.
     async fn run_guest(&self, vm: &VmHandle, mut q: Qmp, boot: Boot) -> Result<(), String> {
         self.attach_console(vm).map_err(|e| format!("console: {e}"))?;
-        if let Boot::Incoming { state, ignore_shared } = boot {
-            snapshot::load_incoming(&mut q, &state, ignore_shared).await?;
+        if let Boot::Incoming { state, caps } = boot {
+            snapshot::load_incoming(&mut q, &state, caps).await?;
         }
         match tokio::time::timeout(QMP_TIMEOUT, q.execute("cont", None)).await {
             Ok(Ok(_)) => Ok(()),

@@ -39,6 +39,14 @@ pub const FEATURE_BALLOON: &str = "balloon";
 /// idle guest keeps 4 MiB less of its RAM (docs/benchmarks.md, "Idle host memory"). Port 0 stays reserved for
 /// a console, the agent's port is 1.
 pub const FEATURE_SERIAL2: &str = "serial2";
+/// Stream format (not a machine feature): the snapshot's `vmstate` was written with QEMU's `mapped-ram`
+/// migration capability, every RAM page at its fixed offset in the file (zero pages left as holes), so a restore
+/// must read it with the same capability. Used for VMs whose RAM is a copy-on-write mapping of a base (restored
+/// from a snapshot or a memory template): their pause carries the RAM, and at fixed offsets the pages they share
+/// with the base land in the same places as in the base's memory file (QEMU aligns a RAM block's pages to
+/// 1 MiB in the file), so the storage bucket's content-addressed chunks deduplicate them against the base and
+/// against each other.
+pub const FEATURE_MAPPED_RAM: &str = "mapped-ram";
 /// The features of machines this driver builds for fresh boots.
 pub fn current_features() -> Vec<String> {
     Machine::fresh(Path::new("")).features()
@@ -128,6 +136,11 @@ impl Machine {
     /// Whether migrations of this machine leave RAM out of the stream (it lives in a shared file).
     pub fn ram_in_file(&self) -> bool {
         matches!(self.ram, Ram::Own(_))
+    }
+
+    /// Whether snapshots of this machine write RAM with `mapped-ram` ([`FEATURE_MAPPED_RAM`]).
+    pub fn maps_ram_in_stream(&self) -> bool {
+        matches!(self.ram, Ram::Base(_))
     }
 
     /// The `-M` suffix naming the memory backend, if any.

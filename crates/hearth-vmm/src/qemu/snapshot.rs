@@ -9,7 +9,7 @@
 //!
 //! - Pause: `stop`, `migrate` the device state, quit QEMU, fsync the memory file and move it into the snapshot:
 //!   no RAM is copied. (A VM whose RAM is a copy-on-write mapping of a base has no file of its own: its stream
-//!   carries the RAM it touched.)
+//!   carries its RAM, written with `mapped-ram` so every page sits at its own offset, as in a memory file.)
 //! - Checkpoint: `stop`, `migrate`, copy the memory file (reflink or its allocated extents) and the disk while
 //!   stopped, `cont`, then fsync the copies. The VM goes on writing its own file; the snapshot never changes.
 //! - Restore (fork, snapshot, memory template): a new QEMU maps the snapshot's memory file copy-on-write and
@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::QemuVmm;
-use super::memory::{MEMORY_FILE, Machine, Ram};
+use super::memory::{FEATURE_MAPPED_RAM, MEMORY_FILE, Machine, Ram};
 use super::qmp::Qmp;
 use crate::{SnapshotInfo, SnapshotMode, VmHandle, VmSpec, Vmm, VmmError, VmmKind};
 
@@ -65,9 +65,13 @@ impl QemuVmm {
             .open(&state_path)
             .map_err(|e| io(&state_path, e))?;
 
+        let caps = StreamCaps {
+            ignore_shared: machine.ram_in_file(),
+            mapped_ram: machine.maps_ram_in_stream(),
+        };
         q.execute("stop", None).await.map_err(|e| err(e.to_string()))?;
         let saved = async {
-            set_ignore_shared(&mut q, machine.ram_in_file()).await?;
+            set_caps(&mut q, caps).await?;
             let set = q.add_fd(state.as_fd()).await?;
             let uri = format!("file:/dev/fdset/{set}");
             q.execute("migrate", Some(json!({ "uri": uri }))).await?;
@@ -144,7 +148,7 @@ impl QemuVmm {
             memory_mib,
             vcpus,
             memory_file,
-            features: machine.features(),
+            features: caps.record(machine.features()),
         })
     }
 
@@ -250,8 +254,8 @@ impl QemuVmm {
             path: snapshot.to_path_buf(),
             detail: format!("{VMSTATE}: {e}"),
         })?;
-        let ignore_shared = info.memory_file.is_some();
-        self.launch(spec, &machine, super::Boot::Incoming { state, ignore_shared })
+        let caps = StreamCaps::of(info);
+        self.launch(spec, &machine, super::Boot::Incoming { state, caps })
             .await
     }
 }
@@ -271,9 +275,36 @@ fn absolute(p: &Path) -> Result<PathBuf, VmmError> {
     std::path::absolute(p).map_err(|e| io(p, e))
 }
 
+/// The migration capabilities a snapshot's stream is written and read with (both ends must agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StreamCaps {
+    /// `x-ignore-shared`: RAM in a shared file stays out of the stream.
+    pub ignore_shared: bool,
+    /// `mapped-ram`: RAM pages at fixed offsets of the file ([`super::memory::FEATURE_MAPPED_RAM`]).
+    pub mapped_ram: bool,
+}
+
+impl StreamCaps {
+    /// The capabilities `info`'s stream was written with.
+    pub fn of(info: &SnapshotInfo) -> StreamCaps {
+        StreamCaps {
+            ignore_shared: info.memory_file.is_some(),
+            mapped_ram: info.features.iter().any(|f| f == FEATURE_MAPPED_RAM),
+        }
+    }
+
+    /// `features` with the stream's format recorded.
+    fn record(self, mut features: Vec<String>) -> Vec<String> {
+        if self.mapped_ram {
+            features.push(FEATURE_MAPPED_RAM.to_string());
+        }
+        features
+    }
+}
+
 /// Loads the migration stream in `state` into a QEMU started with `-incoming defer`.
-pub(super) async fn load_incoming(q: &mut Qmp, state: &File, ignore_shared: bool) -> Result<(), String> {
-    set_ignore_shared(q, ignore_shared)
+pub(super) async fn load_incoming(q: &mut Qmp, state: &File, caps: StreamCaps) -> Result<(), String> {
+    set_caps(q, caps)
         .await
         .map_err(|e| format!("migration capabilities: {e}"))?;
     let set = q
@@ -292,14 +323,17 @@ pub(super) async fn load_incoming(q: &mut Qmp, state: &File, ignore_shared: bool
     done
 }
 
-/// `x-ignore-shared`: RAM in a shared file stays out of the stream (both ends must agree).
-async fn set_ignore_shared(q: &mut Qmp, on: bool) -> Result<(), super::qmp::QmpError> {
-    q.execute(
-        "migrate-set-capabilities",
-        Some(json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": on }] })),
-    )
-    .await
-    .map(|_| ())
+/// Sets the stream's capabilities. `mapped-ram` is named only when on: a VM's RAM mapping does not change
+/// while its QEMU runs, so it is never turned off again, and QEMUs before 9.0 (no `mapped-ram`) keep working
+/// for machines that do not need it.
+async fn set_caps(q: &mut Qmp, caps: StreamCaps) -> Result<(), super::qmp::QmpError> {
+    let mut list = vec![json!({ "capability": "x-ignore-shared", "state": caps.ignore_shared })];
+    if caps.mapped_ram {
+        list.push(json!({ "capability": "mapped-ram", "state": true }));
+    }
+    q.execute("migrate-set-capabilities", Some(json!({ "capabilities": list })))
+        .await
+        .map(|_| ())
 }
 
 /// How the running VM's RAM is mapped and which optional devices it has, asked of QEMU itself (the VM may have
