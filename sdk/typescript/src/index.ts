@@ -9,7 +9,9 @@ export { Sandbox } from "./sandbox.js";
 export type {
   ConnectOpts,
   DiskSyncInfo,
+  FetchProgress,
   OnTimeout,
+  ResumeOpts,
   SandboxInfo,
   SandboxLifecycle,
   SandboxListOpts,

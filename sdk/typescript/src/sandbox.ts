@@ -2,12 +2,13 @@
 
 import { Commands } from "./commands.js";
 import { Connection, type ConnectionOpts, type RequestOpts, msToSeconds } from "./client.js";
-import { HearthError } from "./errors.js";
+import { HearthError, errorFromCode } from "./errors.js";
 import { Files } from "./files.js";
 import { type MountOpts, SandboxMounts, mountBody } from "./buckets.js";
 import { type NetworkOpts, SandboxNetwork, policyBody } from "./network.js";
 import { Pty } from "./pty.js";
 import type { components } from "./generated/openapi.js";
+import { readEvents } from "./sse.js";
 
 type Schemas = components["schemas"];
 
@@ -155,12 +156,63 @@ export interface SandboxOpts extends ConnectionOpts, RequestOpts {
    * sandbox (`sbx.sync()`), e.g. after its host lost it.
    */
   fromSync?: string | undefined;
+  /**
+   * Called while a snapshot, saved template or synced disk the sandbox starts from is fetched from the daemon's
+   * storage bucket (its copy left the host's cache); the create then streams its progress.
+   */
+  onFetch?: ((progress: FetchProgress) => void) | undefined;
+}
+
+/** Progress of a fetch from the daemon's storage bucket, for a create or resume whose state left the host. */
+export interface FetchProgress {
+  /** The object fetched, as `hearth storage status` names it (e.g. `sandboxes/<id>/pause`). */
+  object: string;
+  doneBytes: number;
+  totalBytes: number;
+}
+
+/** Options of `sbx.resume()`. */
+export interface ResumeOpts extends RequestOpts {
+  /** Called while the paused state is fetched from the daemon's storage bucket (see `FetchProgress`). */
+  onFetch?: ((progress: FetchProgress) => void) | undefined;
 }
 
 /** Options of `Sandbox.connect`. */
 export interface ConnectOpts extends ConnectionOpts, RequestOpts {
   /** Resume the sandbox if it is paused (default true). */
   resume?: boolean | undefined;
+  /** Called while a resume fetches the paused state from the daemon's storage bucket. */
+  onFetch?: ((progress: FetchProgress) => void) | undefined;
+}
+
+/**
+ * Follows the event stream of a create or resume asked for with `Accept: text/event-stream`: `fetch` events go
+ * to `onFetch`, `done` is the sandbox, `failed` its error.
+ */
+async function startStreamed(
+  conn: Connection,
+  opts: RequestOpts,
+  send: (signal: AbortSignal | undefined) => Promise<{ data?: unknown; error?: unknown; response: Response }>,
+  onFetch: (progress: FetchProgress) => void,
+): Promise<Schemas["Sandbox"]> {
+  const { data: stream, signal } = await conn.call(opts, send);
+  if (!stream) throw new HearthError("protocol", "the daemon sent no event stream");
+  try {
+    for await (const raw of readEvents(stream as ReadableStream<Uint8Array>, signal)) {
+      if (raw.event !== "fetch" && raw.event !== "done" && raw.event !== "failed") continue;
+      const ev = JSON.parse(raw.data) as Schemas["SandboxStartEvent"];
+      if (ev.type === "fetch") {
+        onFetch({ object: ev.object, doneBytes: ev.done_bytes, totalBytes: ev.total_bytes });
+      } else if (ev.type === "done") {
+        return ev.sandbox;
+      } else {
+        throw errorFromCode(ev.code, ev.message);
+      }
+    }
+  } catch (err) {
+    throw conn.transportError(err, opts);
+  }
+  throw new HearthError("protocol", "the event stream ended before the sandbox ran");
 }
 
 /** Options of `Sandbox.list`. */
@@ -252,8 +304,24 @@ export class Sandbox {
         opts.diskSyncIntervalMs === undefined ? null : msToSeconds(opts.diskSyncIntervalMs, "diskSyncIntervalMs"),
       from_sync: opts.fromSync ?? null,
     };
+    if (opts.onFetch) {
+      const data = await startStreamed(
+        conn,
+        opts,
+        (signal) =>
+          conn.api.POST("/v1/sandboxes", {
+            body,
+            headers: { Accept: "text/event-stream" },
+            parseAs: "stream",
+            signal,
+          }),
+        opts.onFetch,
+      );
+      return new Sandbox(conn, data.id);
+    }
     const { data } = await conn.call(opts, (signal) => conn.api.POST("/v1/sandboxes", { body, signal }));
-    return new Sandbox(conn, data.id);
+    // The JSON answer (201); the event-stream variant is only asked for with `Accept: text/event-stream`.
+    return new Sandbox(conn, (data as Schemas["Sandbox"]).id);
   }
 
   /**
@@ -392,11 +460,28 @@ export class Sandbox {
   }
 
   /** Resumes a paused sandbox where it was. Resolves with its info (state `running`). */
-  async resume(opts: RequestOpts = {}): Promise<SandboxInfo> {
+  async resume(opts: ResumeOpts = {}): Promise<SandboxInfo> {
+    const path = { id: this.id };
+    if (opts.onFetch) {
+      const data = await startStreamed(
+        this.conn,
+        opts,
+        (signal) =>
+          this.conn.api.POST("/v1/sandboxes/{id}/resume", {
+            params: { path },
+            headers: { Accept: "text/event-stream" },
+            parseAs: "stream",
+            signal,
+          }),
+        opts.onFetch,
+      );
+      return toInfo(data);
+    }
     const { data } = await this.conn.call(opts, (signal) =>
-      this.conn.api.POST("/v1/sandboxes/{id}/resume", { params: { path: { id: this.id } }, signal }),
+      this.conn.api.POST("/v1/sandboxes/{id}/resume", { params: { path }, signal }),
     );
-    return toInfo(data);
+    // The JSON answer; the event-stream variant is only asked for with `Accept: text/event-stream`.
+    return toInfo(data as Schemas["Sandbox"]);
   }
 
   /** Resource use since creation: running and paused time, vCPU- and MiB-seconds, bytes of paused state. */

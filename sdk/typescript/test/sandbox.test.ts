@@ -8,6 +8,7 @@ import {
   AuthenticationError,
   CommandExitError,
   ConflictError,
+  type FetchProgress,
   HearthError,
   InvalidArgumentError,
   NotFoundError,
@@ -391,12 +392,16 @@ describe("pause and resume", () => {
 
 describe("a second sandbox", () => {
   test("create options, lifecycle without auto-resume, isolation, Sandbox.kill(id)", async () => {
+    // With `onFetch` the create and the resume below follow the daemon's event stream (this daemon has no
+    // storage bucket, so nothing is fetched: the stream carries only the result).
+    const fetches: FetchProgress[] = [];
     const other = await Sandbox.create("minimal", {
       ...conn(),
       vcpus: 2,
       memoryMib: 256,
       timeoutMs: 120_000,
       lifecycle: { onTimeout: "pause", autoResume: false },
+      onFetch: (p) => fetches.push(p),
     });
     try {
       const info = await other.getInfo();
@@ -418,12 +423,15 @@ describe("a second sandbox", () => {
       await assert.rejects(other.commands.run("true"), ConflictError);
       const still = await Sandbox.connect(other.id, { ...conn(), resume: false });
       assert.equal((await still.getInfo()).state, "paused");
-      assert.equal((await other.resume()).state, "running");
+      assert.equal((await other.resume({ onFetch: (p) => fetches.push(p) })).state, "running");
       assert.equal((await other.commands.run("echo resumed")).stdout, "resumed\n");
+      assert.equal(fetches.length, 0, JSON.stringify(fetches));
     } finally {
       assert.equal(await Sandbox.kill(other.id, conn()), true);
     }
     assert.equal(await Sandbox.kill(other.id, conn()), false);
+    // A streamed resume that fails before anything was fetched rejects with the usual typed error.
+    await assert.rejects(other.resume({ onFetch: (p) => fetches.push(p) }), NotFoundError);
     const gone = await Sandbox.connect(other.id, conn()).catch((e: unknown) => e);
     assert.ok(gone instanceof NotFoundError);
   });
