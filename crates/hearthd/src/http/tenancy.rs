@@ -114,7 +114,7 @@ pub async fn usage(
     let row = db.project(&name).map_err(internal)?.ok_or_else(not_found)?;
     let held = db.held(&name).map_err(internal)?;
     let spent_credits = st.sandboxes.spent_credits(&name)?;
-    let disk_bytes = st.sandboxes.project_disk_bytes(&name)?;
+    let disk_bytes = st.sandboxes.project_disk_bytes_async(&name).await?;
     Ok(Json(ProjectUsage {
         project: row.name,
         quota: row.quota,

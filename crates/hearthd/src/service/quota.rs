@@ -184,9 +184,40 @@ impl Sandboxes {
     }
 
     /// Admits `want` for `project` under its quota (none set: nothing is limited); a refusal is the typed
-    /// `quota_exceeded` naming the limit.
+    /// `quota_exceeded` naming the limit. For a request that writes to disk under a `max_disk_bytes` quota, the
+    /// project's directories are walked first on a blocking thread ([`Sandboxes::project_disk_bytes_async`]), not
+    /// on the async runtime.
+    pub(crate) async fn reserve_quota_async(
+        self: &Arc<Self>,
+        project: &str,
+        want: Want,
+    ) -> Result<Reservation, ServiceError> {
+        let quota = self.db.project(project)?.map(|row| row.quota).unwrap_or_default();
+        let disk_used = match quota.max_disk_bytes {
+            Some(_) if want.disk => Some(self.project_disk_bytes_async(project).await?),
+            _ => None,
+        };
+        self.reserve_quota_with(project, &quota, want, disk_used)
+    }
+
+    /// [`Sandboxes::reserve_quota_async`] for requests that write nothing to disk (a wake of a paused sandbox),
+    /// callable where awaiting is not possible.
     pub(crate) fn reserve_quota(&self, project: &str, want: Want) -> Result<Reservation, ServiceError> {
         let quota = self.db.project(project)?.map(|row| row.quota).unwrap_or_default();
+        let disk_used = match quota.max_disk_bytes {
+            Some(_) if want.disk => Some(self.project_disk_bytes(project)?),
+            _ => None,
+        };
+        self.reserve_quota_with(project, &quota, want, disk_used)
+    }
+
+    fn reserve_quota_with(
+        &self,
+        project: &str,
+        quota: &Quota,
+        want: Want,
+        disk_used: Option<u64>,
+    ) -> Result<Reservation, ServiceError> {
         if let Some(budget) = quota.budget_credits
             && self.spent_credits(project)? >= budget as f64
         {
@@ -198,10 +229,7 @@ impl Sandboxes {
                 ),
             ));
         }
-        if want.disk
-            && let Some(max) = quota.max_disk_bytes
-        {
-            let used = self.project_disk_bytes(project)?;
+        if let (Some(max), Some(used)) = (quota.max_disk_bytes, disk_used) {
             if used >= max {
                 return Err(ServiceError::Typed(
                     ErrorCode::QuotaExceeded,
@@ -213,11 +241,20 @@ impl Sandboxes {
             }
         }
         self.quotas
-            .admit(&self.db, project, &quota, want, now_ms())
+            .admit(&self.db, project, quota, want, now_ms())
             .map_err(|e| match e {
                 AdmitError::Exceeded(m) => ServiceError::Typed(ErrorCode::QuotaExceeded, m),
                 AdmitError::Db(e) => e.into(),
             })
+    }
+
+    /// [`Sandboxes::project_disk_bytes`] on a blocking thread (it walks directories).
+    pub async fn project_disk_bytes_async(self: &Arc<Self>, project: &str) -> Result<u64, ServiceError> {
+        let this = self.clone();
+        let project = project.to_string();
+        tokio::task::spawn_blocking(move || this.project_disk_bytes(&project))
+            .await
+            .map_err(|e| ServiceError::Internal(format!("disk use task: {e}")))?
     }
 
     /// Bytes `project`'s sandboxes (their directories: disk, paused state), snapshots and saved templates use

@@ -222,7 +222,7 @@ async fn admit(
         (req, Value::Null)
     };
     let reservation = match want(t, ctx, params, &body)? {
-        Some(w) => Some(reserve(t, p, w)?),
+        Some(w) => Some(t.sandboxes.reserve_quota_async(&p.project, w).await?),
         None => None,
     };
     Ok((req, reservation))
@@ -298,10 +298,6 @@ fn want(
         creates,
         disk: creates,
     }))
-}
-
-fn reserve(t: &Tenancy, p: &Principal, w: Want) -> Result<Reservation, ApiError> {
-    t.sandboxes.reserve_quota(&p.project, w).map_err(ApiError::from)
 }
 
 /// Records what a create made, forgets what a delete removed, filters lists. The quota reservation is held
