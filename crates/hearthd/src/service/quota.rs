@@ -229,16 +229,16 @@ impl Sandboxes {
                 ),
             ));
         }
-        if let (Some(max), Some(used)) = (quota.max_disk_bytes, disk_used) {
-            if used >= max {
-                return Err(ServiceError::Typed(
-                    ErrorCode::QuotaExceeded,
-                    format!(
-                        "project quota max_disk_bytes = {max} would be exceeded: the project's sandboxes, \
-                         snapshots and templates hold {used} bytes; delete some or raise it"
-                    ),
-                ));
-            }
+        if let (Some(max), Some(used)) = (quota.max_disk_bytes, disk_used)
+            && used >= max
+        {
+            return Err(ServiceError::Typed(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "project quota max_disk_bytes = {max} would be exceeded: the project's sandboxes, \
+                     snapshots and templates hold {used} bytes; delete some or raise it"
+                ),
+            ));
         }
         self.quotas
             .admit(&self.db, project, quota, want, now_ms())
