@@ -495,18 +495,28 @@ async fn checkpoint_pause_resume_and_fork() {
     drop(fork_client);
     let fork_paused = snaps.path().join("fork-pause");
     std::fs::create_dir(&fork_paused).expect("mkdir");
+    let t = std::time::Instant::now();
     let finfo = vmm
         .snapshot(&fork, &sf.disk, &fork_paused, SnapshotMode::Pause)
         .await
         .expect("pause the fork");
+    let vmstate = std::fs::metadata(fork_paused.join("vmstate")).expect("vmstate");
+    eprintln!(
+        "fork pause (mapped-ram) took {:?}: vmstate {} bytes, {} allocated",
+        t.elapsed(),
+        vmstate.len(),
+        std::os::unix::fs::MetadataExt::blocks(&vmstate) * 512
+    );
     assert!(finfo.features.iter().any(|f| f == "mapped-ram"), "{finfo:?}");
     assert!(finfo.memory_file.is_none(), "{finfo:?}");
+    let t = std::time::Instant::now();
     let fork = vmm
         .restore(&sf, &fork_paused, &finfo)
         .await
         .expect("resume the fork");
     fork_guard.vm = Some(fork.clone());
     let fork_client = wait_for_agent(&vmm, &fork).await;
+    eprintln!("fork resume to agent-ready took {:?}", t.elapsed());
     let (_, mark) = run_in_guest(
         &fork_client,
         &["cat", "/run/fork-mark", "/run/mark", "/root/mark"],
