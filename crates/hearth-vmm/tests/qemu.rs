@@ -523,6 +523,33 @@ async fn checkpoint_pause_resume_and_fork() {
     )
     .await;
     assert_eq!(mark, "fork-memory\nin-memory\non-disk\n");
+    // Resumed, its RAM is its own file: the next pause carries no RAM (x-ignore-shared, mapped-ram off again in
+    // the QEMU that loaded the mapped-ram stream), and resumes as any other.
+    let (code, _) = run_in_guest(&fork_client, &["sh", "-c", "echo again > /run/fork-mark2"]).await;
+    assert_eq!(code, Some(0));
+    drop(fork_client);
+    let fork_paused2 = snaps.path().join("fork-pause-2");
+    std::fs::create_dir(&fork_paused2).expect("mkdir");
+    let finfo2 = vmm
+        .snapshot(&fork, &sf.disk, &fork_paused2, SnapshotMode::Pause)
+        .await
+        .expect("pause the resumed fork");
+    assert!(!finfo2.features.iter().any(|f| f == "mapped-ram"), "{finfo2:?}");
+    assert!(finfo2.memory_file.is_some(), "{finfo2:?}");
+    let vmstate2 = std::fs::metadata(fork_paused2.join("vmstate")).expect("vmstate");
+    assert!(
+        vmstate2.len() < 4 << 20,
+        "device state only: {} bytes",
+        vmstate2.len()
+    );
+    let fork = vmm
+        .restore(&sf, &fork_paused2, &finfo2)
+        .await
+        .expect("resume the fork again");
+    fork_guard.vm = Some(fork.clone());
+    let fork_client = wait_for_agent(&vmm, &fork).await;
+    let (_, mark) = run_in_guest(&fork_client, &["cat", "/run/fork-mark", "/run/fork-mark2"]).await;
+    assert_eq!(mark, "fork-memory\nagain\n");
 
     drop((client, fork_client));
     vmm.stop(&fork).await.expect("stop fork");

@@ -323,17 +323,27 @@ pub(super) async fn load_incoming(q: &mut Qmp, state: &File, caps: StreamCaps) -
     done
 }
 
-/// Sets the stream's capabilities. `mapped-ram` is named only when on: a VM's RAM mapping does not change
-/// while its QEMU runs, so it is never turned off again, and QEMUs before 9.0 (no `mapped-ram`) keep working
-/// for machines that do not need it.
+/// Sets the stream's capabilities. `mapped-ram` stays on in a QEMU that loaded a `mapped-ram` stream (a child's
+/// resume, whose RAM is then its own file): it is turned off again for that VM's later pauses and checkpoints
+/// (with `x-ignore-shared` they carry no RAM). It is named only when on or when QEMU reports it on, so QEMUs
+/// before 9.0 (no `mapped-ram`) keep working for machines that do not need it.
 async fn set_caps(q: &mut Qmp, caps: StreamCaps) -> Result<(), super::qmp::QmpError> {
     let mut list = vec![json!({ "capability": "x-ignore-shared", "state": caps.ignore_shared })];
-    if caps.mapped_ram {
-        list.push(json!({ "capability": "mapped-ram", "state": true }));
+    if caps.mapped_ram || mapped_ram_on(q).await? {
+        list.push(json!({ "capability": "mapped-ram", "state": caps.mapped_ram }));
     }
     q.execute("migrate-set-capabilities", Some(json!({ "capabilities": list })))
         .await
         .map(|_| ())
+}
+
+/// Whether this QEMU has the `mapped-ram` capability on.
+async fn mapped_ram_on(q: &mut Qmp) -> Result<bool, super::qmp::QmpError> {
+    let caps = q.execute("query-migrate-capabilities", None).await?;
+    Ok(caps.as_array().is_some_and(|list| {
+        list.iter()
+            .any(|c| c["capability"] == "mapped-ram" && c["state"] == true)
+    }))
 }
 
 /// How the running VM's RAM is mapped and which optional devices it has, asked of QEMU itself (the VM may have
