@@ -86,6 +86,16 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
+/// Kills the daemon process (SIGKILL), leaving its VMs and files as a crash would.
+fn kill9(d: &Daemon) {
+    let pid = d.pid().expect("daemon pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+}
+
 async fn counter(d: &Daemon, id: &str) -> u64 {
     let r = d.sh(id, "cat /dev/shm/counter").await;
     r.stdout.trim().parse().unwrap_or(0)
@@ -224,12 +234,7 @@ async fn sandbox_state_lives_in_the_bucket() {
     );
     // The daemon dies (kill -9) with the upload pending; the server comes back, then the daemon: the pending
     // row in the state database is uploaded by the new process.
-    let pid_d = d.pid().expect("daemon pid");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pid_d.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    kill9(&d);
     let s3 = tokio::task::spawn_blocking(move || {
         s3.start_again();
         s3
@@ -271,12 +276,7 @@ async fn sandbox_state_lives_in_the_bucket() {
     .expect("watch");
     s3.freeze();
     let new_chunks = started.expect("the upload of the new version started");
-    let pid_d = d.pid().expect("daemon pid");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pid_d.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    kill9(&d);
     let manifest_at_kill = std::fs::read(&manifest_path).expect("a manifest");
     let (chunks_at_kill, _) = chunk_usage(&s3);
     println!(

@@ -145,44 +145,14 @@ async fn recipe_build_success_and_failing_step() {
 /// stream ends after `done` or `failed`), or the JSON error body as the only data when the answer is not a
 /// stream.
 async fn build_sse(d: &Daemon, body: Value) -> (StatusCode, Vec<(String, Value)>) {
-    let resp = d
-        .req(Method::POST, "/v1/templates")
-        .header("accept", "text/event-stream")
-        .json(&body)
-        .send()
-        .await
-        .expect("build");
-    let status = resp.status();
-    let sse = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    let text = resp.text().await.expect("body");
-    if !sse {
-        return (
-            status,
-            vec![(String::new(), serde_json::from_str(&text).unwrap_or(Value::Null))],
-        );
+    let answer = d.post_sse(&d.key, "/v1/templates", body).await;
+    if let Some(body) = answer.body {
+        return (answer.status, vec![(String::new(), body)]);
     }
-    let mut events = Vec::new();
-    for block in text.split("\n\n") {
-        let mut name = String::new();
-        let mut data = String::new();
-        for line in block.lines() {
-            if let Some(v) = line.strip_prefix("event:") {
-                name = v.trim().to_string();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                data.push_str(v.trim_start());
-            }
-        }
-        if !data.is_empty() {
-            let value: Value = serde_json::from_str(&data).expect("event json");
-            assert_eq!(value["type"], name.as_str(), "event name and type agree");
-            events.push((name, value));
-        }
+    for (name, value) in &answer.events {
+        assert_eq!(value["type"], name.as_str(), "event name and type agree");
     }
-    (status, events)
+    (answer.status, answer.events)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -466,53 +466,15 @@ async fn disk_bytes_are_counted_and_at_the_limit_nothing_new_is_written() {
     d.destroy(v["id"].as_str().unwrap_or_default()).await;
 }
 
-/// `POST` with `Accept: text/event-stream` and a project's key: the status and either the SSE events (name and
-/// JSON data) or the JSON error answer.
+/// [`Daemon::post_sse`] as `(status, events, JSON error body or null)`.
 async fn call_sse(
     d: &Daemon,
     key: &str,
     path: &str,
     body: Value,
 ) -> (StatusCode, Vec<(String, Value)>, Value) {
-    let resp = d
-        .http
-        .post(d.url(path))
-        .bearer_auth(key)
-        .header("accept", "text/event-stream")
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let status = resp.status();
-    let streamed = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let text = resp.text().await.expect("body");
-    if !streamed {
-        return (
-            status,
-            Vec::new(),
-            serde_json::from_str(&text).unwrap_or(Value::Null),
-        );
-    }
-    let mut events = Vec::new();
-    for block in text.split("\n\n") {
-        let mut name = String::new();
-        let mut data = String::new();
-        for line in block.lines() {
-            if let Some(v) = line.strip_prefix("event:") {
-                name = v.trim().to_string();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                data.push_str(v.trim());
-            }
-        }
-        if !name.is_empty() {
-            events.push((name, serde_json::from_str(&data).expect("event json")));
-        }
-    }
-    (status, events, Value::Null)
+    let answer = d.post_sse(key, path, body).await;
+    (answer.status, answer.events, answer.body.unwrap_or(Value::Null))
 }
 
 /// Creates and template saves asked for as event streams are recorded as their project's like JSON ones (the

@@ -17,6 +17,15 @@ pub use hearth_testkit::{images_dir, pids_mentioning};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// The answer of [`Daemon::post_sse`].
+#[derive(Debug)]
+pub struct SseAnswer {
+    pub status: StatusCode,
+    pub events: Vec<(String, Value)>,
+    /// The JSON body of an answer that is not an event stream.
+    pub body: Option<Value>,
+}
+
 /// Serialises the VM tests of one test binary: TCG guests on two cores boot much faster one group at a time.
 pub static VM_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -224,6 +233,56 @@ impl Daemon {
             }
         }
         out
+    }
+
+    /// `POST path` with `Accept: text/event-stream`, authenticated with `key`: the status and either the SSE
+    /// events as `(event name, JSON data)` pairs (keep-alive comments skipped), or, when the answer is not a
+    /// stream (an error answered before the stream began), its JSON body.
+    pub async fn post_sse(&self, key: &str, path: &str, body: Value) -> SseAnswer {
+        let resp = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(key)
+            .header("accept", "text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status();
+        let streamed = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let text = resp.text().await.expect("body");
+        if !streamed {
+            let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+            return SseAnswer {
+                status,
+                events: Vec::new(),
+                body: Some(body),
+            };
+        }
+        let mut events = Vec::new();
+        for block in text.split("\n\n") {
+            let mut name = String::new();
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    name = v.trim().to_string();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            if !data.is_empty() {
+                events.push((name, serde_json::from_str(&data).expect("event json")));
+            }
+        }
+        SseAnswer {
+            status,
+            events,
+            body: None,
+        }
     }
 
     pub async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> (StatusCode, Value) {
