@@ -15,6 +15,8 @@
 #   FUZZ_TARGETS    only these targets (space separated names, e.g. "sniff http_framer")
 #   FUZZ_SANITIZER  address (default) or none
 #   FUZZ_CORPUS     folder that keeps the corpora between runs (default: a temporary one, removed afterwards)
+#   FUZZ_BUILD_ONLY 1: build every target and stop (scripts/test.sh builds them in the background while the
+#                   guest images are made, and the fuzz phase then finds them built)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +57,7 @@ for dir in crates/*/fuzz; do
   crate=$(basename "$(dirname "$dir")")
   log "build $crate"
   (cd "$dir" && cargo fuzz build -O -a --sanitizer "$sanitizer" --target-dir "$target_dir")
+  [ "${FUZZ_BUILD_ONLY:-}" = 1 ] && continue
   for target in $(cd "$dir" && cargo fuzz list); do
     if [ -n "$only" ] && ! [[ " $only " == *" $target "* ]]; then continue; fi
     corpus="$corpus_root/$crate/$target"

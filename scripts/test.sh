@@ -10,6 +10,12 @@ log "host dependencies"
 bash scripts/install-deps.sh
 bash scripts/install-test-deps.sh
 
+# The fuzz targets build (release, AddressSanitizer, aws-lc's C code: about 11 minutes on 2 cores) in the
+# background while the E2B SDKs and guest images, mostly downloads, are installed; the fuzz phase finds them built.
+mkdir -p target
+FUZZ_BUILD_ONLY=1 bash scripts/fuzz.sh >target/fuzz-build.log 2>&1 &
+fuzz_build=$!
+
 log "E2B SDKs (crates/hearth-e2b/tests)"
 bash scripts/install-e2b-test-deps.sh
 
@@ -43,6 +49,8 @@ phase "tests on the KVM test host (Firecracker jailed, QEMU+KVM)" \
     cargo nextest run --workspace --locked --no-fail-fast --test-threads 1 -E "$kvm_host"
 # Every cargo-fuzz target (decoders of guest bytes) on a fixed number of inputs from a fixed seed, so CI is
 # deterministic; longer exploratory runs: FUZZ_SECONDS=600 bash scripts/fuzz.sh.
+# (A failed background build shows again here: fuzz.sh builds what is missing and reports its errors.)
+wait "$fuzz_build" || echo "the background fuzz build failed (target/fuzz-build.log); building again" >&2
 phase "fuzz" env FUZZ_RUNS="${FUZZ_RUNS:-50000}" bash scripts/fuzz.sh
 phase "doc tests" cargo test --workspace --locked --doc -q
 phase "TypeScript SDK" bash -c 'cargo build -p hearthd --locked -q && bash sdk/typescript/test.sh'
