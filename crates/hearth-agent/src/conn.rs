@@ -9,6 +9,7 @@ use bytes::Bytes;
 use hearth_proto::io::{CreditWindow, FrameReader, Outbox, RecvWindow, WindowClosed, write_loop};
 use hearth_proto::{
     CONTROL_STREAM, DATA_CHUNK, ErrorKind, ExecRequest, GuestMsg, Header, HostMsg, PROTOCOL_VERSION,
+    PostRestoreOutcome,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -78,9 +79,22 @@ impl Sessions {
         (id, self.restored_by.subscribe())
     }
 
-    /// Connection `conn` completed a `PostRestore`: every other one is from before the snapshot.
+    /// Connection `conn` completed a `PostRestore`: every older one is from before the snapshot (connection
+    /// numbers only grow, and a snapshot keeps the counter). An older connection completing one later (a
+    /// handshake the host gave up on, answered late) changes nothing: the newest stays.
     pub(crate) fn restored(&self, conn: u64) {
-        self.restored_by.send_replace(conn);
+        self.restored_by.send_if_modified(|newest| {
+            let newer = conn > *newest;
+            if newer {
+                *newest = conn;
+            }
+            newer
+        });
+    }
+
+    /// Whether a newer connection than `conn` completed a `PostRestore`.
+    fn superseded(&self, conn: u64) -> bool {
+        *self.restored_by.borrow() > conn
     }
 }
 
@@ -209,7 +223,7 @@ where
         let next = tokio::select! {
             next = reader.next() => next,
             Ok(()) = restores.changed() => {
-                if *restores.borrow_and_update() != conn {
+                if *restores.borrow_and_update() > conn {
                     log("closing a connection from before a restore");
                     break Ok(());
                 }
@@ -237,7 +251,12 @@ where
             }
             continue;
         };
-        if let HostMsg::Hello { version, nonce } = msg {
+        if let HostMsg::Hello {
+            version,
+            nonce,
+            post_restore,
+        } = msg
+        {
             if version != PROTOCOL_VERSION {
                 let message = format!("host speaks {version}, agent speaks {PROTOCOL_VERSION}");
                 let _ = out.send(
@@ -251,10 +270,31 @@ where
             streams.abandon_all(&agent);
             streams = Arc::new(Streams::on(conn));
             hello = true;
+            // Right after a restore the host puts its PostRestore here: done before the answer, like the
+            // request (and, like it, it makes this the connection that survives the restore). A handshake of
+            // a connection a newer one has superseded is stale: the host gave up on it.
+            if post_restore.is_some() && agent.sessions.superseded(conn) {
+                log("closing a connection from before a restore");
+                break Ok(());
+            }
+            let post_restore = match post_restore {
+                Some(req) => Some(match crate::restore::post_restore(&agent.sys, req).await {
+                    Ok(report) => {
+                        agent.sessions.restored(conn);
+                        PostRestoreOutcome::Done(report)
+                    }
+                    Err(e) => PostRestoreOutcome::Failed {
+                        kind: e.kind,
+                        message: e.message,
+                    },
+                }),
+                None => None,
+            };
             let ok = GuestMsg::HelloOk {
                 version: PROTOCOL_VERSION,
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
                 nonce,
+                post_restore,
             };
             let _ = out.send(CONTROL_STREAM, &ok, Bytes::new());
             continue;

@@ -177,6 +177,7 @@ async fn hello_again_on_the_same_channel_starts_a_new_session() {
         HostMsg::Hello {
             version: 99,
             nonce: 1,
+            post_restore: None,
         },
     ))
     .await
@@ -197,6 +198,7 @@ async fn hello_again_on_the_same_channel_starts_a_new_session() {
             HostMsg::Hello {
                 version: hearth_proto::PROTOCOL_VERSION,
                 nonce,
+                post_restore: None,
             },
         ))
         .await

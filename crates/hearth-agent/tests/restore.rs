@@ -87,6 +87,52 @@ async fn post_restore_applies_what_it_may() {
     assert!(report.crng_reseeded && !report.machine_id_written);
 }
 
+/// The post-restore setup in the handshake (`connect_after_restore`): done before `HelloOk`, reported in it,
+/// a fresh request for each `Hello` sent; a malformed one is refused there with nothing changed, and the
+/// connection serves requests either way.
+#[tokio::test]
+async fn post_restore_rides_in_the_handshake() {
+    let (agent, root) = scratch_agent();
+    let (a, b) = tokio::net::UnixStream::pair().expect("socketpair");
+    let ag = agent.clone();
+    tokio::spawn(async move { ag.serve(a).await });
+    let made = std::sync::atomic::AtomicU32::new(0);
+    let make = || {
+        made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        good()
+    };
+    let (c, outcome) = hearth_proto::client::AgentClient::connect_after_restore(b, T, &make)
+        .await
+        .expect("handshake");
+    let report = outcome
+        .expect("this agent answers in the handshake")
+        .expect("done");
+    assert_eq!(report.entropy_bits_credited, 512);
+    assert!(report.crng_reseeded && report.machine_id_written && !report.clock_set);
+    assert!(made.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("etc/machine-id")).expect("id"),
+        "0123456789abcdef0123456789abcdef\n"
+    );
+    c.ping().await.expect("the session serves requests");
+
+    let (agent, root) = scratch_agent();
+    let (a, b) = tokio::net::UnixStream::pair().expect("socketpair");
+    tokio::spawn(async move { agent.serve(a).await });
+    let bad = || PostRestore {
+        machine_id: Some("0".repeat(32)),
+        ..good()
+    };
+    let (c, outcome) = hearth_proto::client::AgentClient::connect_after_restore(b, T, &bad)
+        .await
+        .expect("the handshake itself succeeds");
+    let err = outcome.expect("answered").expect_err("refused");
+    assert_eq!(err.guest_kind(), Some(ErrorKind::InvalidRequest), "{err}");
+    assert!(!root.path().join("etc/machine-id").exists());
+    assert!(!root.path().join("etc/hostname").exists());
+    c.ping().await.expect("connection healthy");
+}
+
 #[tokio::test]
 async fn malformed_post_restore_is_refused_before_changing_anything() {
     let (agent, root) = scratch_agent();
@@ -182,6 +228,7 @@ async fn unknown_requests_are_answered_not_ignored() {
     let hello = hearth_proto::HostMsg::Hello {
         version: hearth_proto::PROTOCOL_VERSION,
         nonce: 9,
+        post_restore: None,
     };
     let mut bytes = encode(0, &hello, bytes::Bytes::new()).expect("hello").to_vec();
     // A request type from a future protocol, hand-written.

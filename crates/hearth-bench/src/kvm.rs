@@ -29,7 +29,10 @@ pub struct KvmArgs {
 #[derive(Debug, Default)]
 struct Measured {
     first_cmd: Samples,
+    /// The first pause after the cold boot.
     pause: Samples,
+    /// Pauses after a resume (Firecracker: a diff snapshot into the memory file it resumed from).
+    repause: Samples,
     resume: Samples,
     fork4: Samples,
     template_save: Samples,
@@ -118,10 +121,27 @@ async fn measure(client: &Client, args: &KvmArgs) -> Result<Measured> {
         }
     }
     let kept = kept.context("no sandbox")?;
-    for _ in 0..args.pause_cycles {
+    for cycle in 0..args.pause_cycles {
+        // Something to save: 16 MiB written in guest memory since the last resume (a tmpfs file rewritten).
+        let dirty = "mkdir -p /mnt/b && (grep -q ' /mnt/b ' /proc/mounts || mount -t tmpfs tmpfs /mnt/b) && \
+                     dd if=/dev/urandom of=/mnt/b/f bs=1M count=16 2>/dev/null";
+        let r = client
+            .run_command(
+                &kept,
+                &RunCommandRequest {
+                    cmd: Some(dirty.into()),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        anyhow::ensure!(r.exit_code == 0, "dirtying guest memory: {r:?}");
         let t = Instant::now();
         client.pause_sandbox(&kept).await.context("pause")?;
-        m.pause.push(t.elapsed());
+        if cycle == 0 {
+            m.pause.push(t.elapsed());
+        } else {
+            m.repause.push(t.elapsed());
+        }
         let t = Instant::now();
         client.resume_sandbox(&kept).await.context("resume")?;
         first_command(client, &kept).await?;
@@ -163,12 +183,17 @@ async fn measure(client: &Client, args: &KvmArgs) -> Result<Measured> {
 
 /// One row per scenario: both VMMs' medians and their ratio.
 fn compare(fc: &Measured, qemu: &Measured, args: &KvmArgs) -> Vec<Row> {
-    let pairs: [(&str, &Samples, &Samples); 6] = [
+    let pairs: [(&str, &Samples, &Samples); 7] = [
         ("create -> first command", &fc.first_cmd, &qemu.first_cmd),
         (
-            "pause (memory + devices to disk, VMM exits)",
+            "first pause after the boot (memory + devices to disk, VMM exits)",
             &fc.pause,
             &qemu.pause,
+        ),
+        (
+            "re-pause after a resume, 16 MiB dirtied (Firecracker: diff into the resumed file)",
+            &fc.repause,
+            &qemu.repause,
         ),
         ("resume -> first command", &fc.resume, &qemu.resume),
         (

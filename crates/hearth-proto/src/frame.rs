@@ -223,6 +223,7 @@ mod tests {
             HostMsg::Hello {
                 version: 1,
                 nonce: 42,
+                post_restore: None,
             },
             HostMsg::Mkdir {
                 path: "/a/b".into(),

@@ -38,13 +38,14 @@ pub mod client;
 pub use frame::{EncodeError, EncodedFrame, FrameDecoder, FrameError, RawFrame};
 pub use msg::{
     Command, ErrorKind, ExecRequest, ExitStatus, FileInfo, FileKind, GuestMsg, Header, HostMsg, MountRequest,
-    POST_RESTORE_ENTROPY_LEN, PostRestore, PostRestoreReport, ProcInfo, PtyRequest,
+    POST_RESTORE_ENTROPY_LEN, PostRestore, PostRestoreOutcome, PostRestoreReport, ProcInfo, PtyRequest,
 };
 
 /// Version spoken by this crate; `Hello` and `HelloOk` carry it and must match.
 ///
 /// - 1: processes and files.
-/// - 2: `Sync`, `PostRestore`/`PostRestored`; `Abandon` on a foreground exec kills its process group.
+/// - 2: `Sync`, `PostRestore`/`PostRestored`; `Abandon` on a foreground exec kills its process group. Later,
+///   compatibly: `Hello` may carry a `post_restore`, answered in `HelloOk` (older agents ignore it).
 pub const PROTOCOL_VERSION: u32 = 2;
 /// Stream id of connection-level messages (`Hello`, `HelloOk`).
 pub const CONTROL_STREAM: u32 = 0;

@@ -297,6 +297,14 @@ pub struct PostRestoreReport {
     pub machine_id_written: bool,
 }
 
+/// The answer to a `post_restore` carried by a `Hello` (in its `HelloOk`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum PostRestoreOutcome {
+    Done(PostRestoreReport),
+    Failed { kind: ErrorKind, message: String },
+}
+
 /// An NFS mount the agent makes in the guest (`HostMsg::Mount`). The server is the host's mount service on
 /// the sandbox's gateway; the guest only ever learns its address, port and export name (no credentials).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -347,7 +355,15 @@ pub fn valid_guest_path(p: &str) -> bool {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum HostMsg {
     /// First message of every connection, on stream 0. Answered by [`GuestMsg::HelloOk`].
-    Hello { version: u32, nonce: u64 },
+    Hello {
+        version: u32,
+        nonce: u64,
+        /// Right after a restore: the agent does this [`HostMsg::PostRestore`] before it answers, and its
+        /// `HelloOk` carries the outcome, one round trip instead of two while the restored guest is slowest.
+        /// An agent from before this field ignores it (its `HelloOk` has no outcome: send `PostRestore`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        post_restore: Option<PostRestore>,
+    },
     /// Answered by [`GuestMsg::Pong`].
     Ping,
     /// Start a process. Foreground: `Started`, `Stdout`/`Stderr` data, then `Exited`. Background: `Started`.
@@ -451,6 +467,9 @@ pub enum GuestMsg {
         version: u32,
         agent_version: String,
         nonce: u64,
+        /// What became of the `Hello`'s `post_restore`, when it had one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        post_restore: Option<PostRestoreOutcome>,
     },
     /// Answer to `Ping` (terminal).
     Pong,

@@ -64,6 +64,7 @@ fn sample_frames() -> Vec<Vec<u8>> {
             &HostMsg::Hello {
                 version: hearth_proto::PROTOCOL_VERSION,
                 nonce: 5,
+                post_restore: None,
             },
             Bytes::new(),
         )
@@ -168,6 +169,7 @@ async fn client_survives_random_guest_output() {
             version: hearth_proto::PROTOCOL_VERSION,
             agent_version: "fuzz".into(),
             nonce,
+            post_restore: None,
         };
         wr.write_all(&encode(0, &ok, Bytes::new()).expect("encode").to_vec())
             .await

@@ -71,7 +71,7 @@ async fn connected() -> (AgentClient, FakeGuest) {
     let (host, mut g) = pair();
     let connect = tokio::spawn(AgentClient::connect(host, Duration::from_secs(5)));
     let (_, hello, _) = g.next().await;
-    let HostMsg::Hello { version, nonce } = hello else {
+    let HostMsg::Hello { version, nonce, .. } = hello else {
         panic!("expected Hello, got {hello:?}")
     };
     assert_eq!(version, PROTOCOL_VERSION);
@@ -81,6 +81,7 @@ async fn connected() -> (AgentClient, FakeGuest) {
             version,
             agent_version: "fake".into(),
             nonce,
+            post_restore: None,
         },
         b"",
     )
@@ -97,6 +98,47 @@ async fn wait_closed(c: &AgentClient) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("client did not close the connection");
+}
+
+/// A `Hello` carrying a post-restore setup, answered by an agent from before that field (its `HelloOk` says
+/// nothing of it): the client connects and reports no outcome, so the caller sends `PostRestore` itself.
+#[tokio::test]
+async fn an_older_agent_ignoring_the_handshake_post_restore_gives_no_outcome() {
+    let (host, mut g) = pair();
+    let make = || hearth_proto::PostRestore {
+        unix_time_ns: 1_800_000_000_000_000_000,
+        entropy: vec![9; hearth_proto::POST_RESTORE_ENTROPY_LEN],
+        hostname: None,
+        machine_id: None,
+    };
+    let connect =
+        tokio::spawn(
+            async move { AgentClient::connect_after_restore(host, Duration::from_secs(5), &make).await },
+        );
+    let (_, hello, _) = g.next().await;
+    let HostMsg::Hello {
+        nonce,
+        post_restore: Some(req),
+        ..
+    } = hello
+    else {
+        panic!("expected a Hello with the setup, got {hello:?}")
+    };
+    assert_eq!(req.entropy.len(), hearth_proto::POST_RESTORE_ENTROPY_LEN);
+    g.send(
+        0,
+        GuestMsg::HelloOk {
+            version: PROTOCOL_VERSION,
+            agent_version: "old".into(),
+            nonce,
+            post_restore: None,
+        },
+        b"",
+    )
+    .await;
+    let (c, outcome) = connect.await.expect("join").expect("connect");
+    assert!(outcome.is_none());
+    assert!(!c.is_closed());
 }
 
 #[tokio::test]
@@ -117,6 +159,7 @@ async fn handshake_skips_stale_frames_and_garbage() {
             version: PROTOCOL_VERSION,
             agent_version: "old".into(),
             nonce: nonce ^ 1,
+            post_restore: None,
         },
         b"",
     )
@@ -128,6 +171,7 @@ async fn handshake_skips_stale_frames_and_garbage() {
             version: PROTOCOL_VERSION,
             agent_version: "new".into(),
             nonce,
+            post_restore: None,
         },
         b"",
     )
@@ -154,6 +198,7 @@ async fn hello_is_repeated_until_answered() {
             version: PROTOCOL_VERSION,
             agent_version: "late".into(),
             nonce: n2,
+            post_restore: None,
         },
         b"",
     )
@@ -175,6 +220,7 @@ async fn version_mismatch_is_a_clear_error() {
             version: PROTOCOL_VERSION + 1,
             agent_version: "x".into(),
             nonce,
+            post_restore: None,
         },
         b"",
     )

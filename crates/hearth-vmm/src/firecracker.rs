@@ -790,7 +790,16 @@ impl Vmm for FirecrackerVmm {
         snapshot: &Path,
         info: &SnapshotInfo,
     ) -> Result<VmHandle, VmmError> {
-        self.restore_from_dir(spec, snapshot, info).await
+        self.restore_from_dir(spec, snapshot, info, false).await
+    }
+
+    async fn resume(
+        &self,
+        spec: &VmSpec,
+        snapshot: &Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.restore_from_dir(spec, snapshot, info, true).await
     }
 }
 

@@ -37,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
             version: hearth_proto::PROTOCOL_VERSION,
             agent_version: "f".into(),
             nonce,
+            post_restore: None,
         };
         let Ok(frame) = encode(0, &ok, Bytes::new()) else {
             return;

@@ -52,7 +52,9 @@ pub use watch::DirWatcher;
 
 use crate::frame::{FrameError, encode};
 use crate::io::{CreditWindow, FrameReader, Outbox, RecvWindow, write_loop};
-use crate::msg::{ErrorKind, FileInfo, GuestMsg, Header, HostMsg, PostRestore, PostRestoreReport};
+use crate::msg::{
+    ErrorKind, FileInfo, GuestMsg, Header, HostMsg, PostRestore, PostRestoreOutcome, PostRestoreReport,
+};
 use crate::{CONTROL_STREAM, PROTOCOL_VERSION};
 
 /// How often `connect` repeats its `Hello` until answered.
@@ -253,17 +255,55 @@ impl AgentClient {
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
+        Ok(Self::handshake(stream, timeout, None).await?.0)
+    }
+
+    /// [`AgentClient::connect`] right after a restore, with the [`AgentClient::post_restore`] in the first
+    /// `Hello` (one round trip for both; repeats of the `Hello` do not carry it). `make` builds the request
+    /// as it is sent. The outcome is `None` when the agent did not do it (it predates this, or it missed that
+    /// first `Hello`): send [`AgentClient::post_restore`] then.
+    pub async fn connect_after_restore<S>(
+        stream: S,
+        timeout: Duration,
+        make: &(dyn Fn() -> PostRestore + Send + Sync),
+    ) -> Result<(Self, Option<Result<PostRestoreReport, ClientError>>), ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let (client, outcome) = Self::handshake(stream, timeout, Some(make)).await?;
+        let outcome = outcome.map(|o| match o {
+            PostRestoreOutcome::Done(report) => Ok(report),
+            PostRestoreOutcome::Failed { kind, message } => Err(guest_error(kind, message)),
+        });
+        Ok((client, outcome))
+    }
+
+    async fn handshake<S>(
+        stream: S,
+        timeout: Duration,
+        post_restore: Option<&(dyn Fn() -> PostRestore + Send + Sync)>,
+    ) -> Result<(Self, Option<PostRestoreOutcome>), ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
         let (rd, mut wr) = tokio::io::split(stream);
         let mut reader = FrameReader::new(rd);
         let nonce = new_nonce();
-        let agent_version = tokio::time::timeout(timeout, async {
-            let hello = HostMsg::Hello {
-                version: PROTOCOL_VERSION,
-                nonce,
+        let (agent_version, outcome) = tokio::time::timeout(timeout, async {
+            // Only the first Hello carries the post-restore setup: the agent runs it before answering, which
+            // takes a moment in a restored guest, and repeats would queue more of it before any request.
+            let mut first = true;
+            let mut hello = || {
+                let hello = HostMsg::Hello {
+                    version: PROTOCOL_VERSION,
+                    nonce,
+                    post_restore: post_restore.filter(|_| first).map(|make| make()),
+                };
+                first = false;
+                encode(CONTROL_STREAM, &hello, Bytes::new())
+                    .map(|f| f.to_vec())
+                    .map_err(|e| ClientError::Protocol(e.to_string()))
             };
-            let hello = encode(CONTROL_STREAM, &hello, Bytes::new())
-                .map_err(|e| ClientError::Protocol(e.to_string()))?
-                .to_vec();
             // Say Hello again now and then: a guest that opens its end of the channel late may have missed
             // it (a virtio port drops what arrives before the agent opens it). The agent answers every Hello
             // before any request sent after it, so repeats are harmless.
@@ -274,7 +314,7 @@ impl AgentClient {
                 tokio::select! {
                     r = &mut reply => return r,
                     _ = resend.tick() => {
-                        wr.write_all(&hello).await?;
+                        wr.write_all(&hello()?).await?;
                         wr.flush().await?;
                     }
                 }
@@ -306,10 +346,13 @@ impl AgentClient {
             reader: reader.abort_handle(),
             writer: writer.abort_handle(),
         });
-        Ok(AgentClient {
-            shared,
-            _tasks: tasks,
-        })
+        Ok((
+            AgentClient {
+                shared,
+                _tasks: tasks,
+            },
+            outcome,
+        ))
     }
 
     /// The agent's self-reported version string (untrusted, for display).
@@ -371,10 +414,11 @@ impl AgentClient {
     }
 }
 
+/// The agent's version and, for a `Hello` with a `post_restore`, its outcome (`None` from an older agent).
 async fn handshake_reply<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     nonce: u64,
-) -> Result<String, ClientError> {
+) -> Result<(String, Option<PostRestoreOutcome>), ClientError> {
     loop {
         let frame = match reader.next().await? {
             None => return Err(ClientError::Closed),
@@ -393,6 +437,7 @@ async fn handshake_reply<R: AsyncRead + Unpin>(
                 version,
                 agent_version,
                 nonce: n,
+                post_restore,
             } if n == nonce => {
                 if version != PROTOCOL_VERSION {
                     return Err(ClientError::VersionMismatch {
@@ -402,7 +447,7 @@ async fn handshake_reply<R: AsyncRead + Unpin>(
                 }
                 let mut v = agent_version;
                 v.truncate(v.floor_char_boundary(128));
-                return Ok(v);
+                return Ok((v, post_restore));
             }
             GuestMsg::Error {
                 kind: ErrorKind::VersionMismatch,
@@ -599,12 +644,15 @@ impl AgentClient {
 /// Turn a guest `Error` into [`ClientError::Guest`].
 pub(crate) fn into_result(msg: GuestMsg) -> Result<GuestMsg, ClientError> {
     match msg {
-        GuestMsg::Error { kind, mut message } => {
-            message.truncate(message.floor_char_boundary(4096));
-            Err(ClientError::Guest { kind, message })
-        }
+        GuestMsg::Error { kind, message } => Err(guest_error(kind, message)),
         other => Ok(other),
     }
+}
+
+/// [`ClientError::Guest`] with the guest's message cut to 4 KiB.
+fn guest_error(kind: ErrorKind, mut message: String) -> ClientError {
+    message.truncate(message.floor_char_boundary(4096));
+    ClientError::Guest { kind, message }
 }
 
 /// A well-formed message that makes no sense at this point of the stream.

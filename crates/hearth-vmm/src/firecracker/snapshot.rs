@@ -12,6 +12,17 @@
 //! the [`crate::Vmm`] trait's `snapshot` and `restore` (in `snapshot_dir`) use them with a snapshot
 //! directory: `vm.state`, `vm.mem`, and `disk.ext4` for a checkpoint, all fsynced. Committing a snapshot
 //! (manifest, checksums, rename) is the caller's business (SECURITY.md promise 8).
+//!
+//! Re-pauses write what changed: a jailed VM resumed from its own paused state (`Vmm::resume`, not a fork or
+//! template restore) is loaded with dirty-page tracking, and the memory file it maps copy-on-write is then
+//! its alone (the daemon removes the pause once the resume succeeded; the jail's link is the file's only
+//! name). Its next pause asks Firecracker for a diff snapshot into that very file: Firecracker writes only
+//! the pages dirtied since the load (which its private mapping has already copied, so its own view of the
+//! file does not change), and the file becomes the new pause's `vm.mem`: the cost is the memory the guest
+//! wrote, not its size. The file is checked first (the inode recorded at the load from the snapshot's path
+//! outside the jail, a regular root-owned file whose only name is the jail's, opened beneath the jail
+//! without following symlinks); it belongs to the jail's uid only for the snapshot call. Anything else, and
+//! any failure on the way, gives a full snapshot into a new file as before.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -41,6 +52,11 @@ const JAILED_MEMORY: &str = "/snapshot.mem";
 /// Where a jailed Firecracker writes a snapshot, inside its chroot (taken out at once).
 const JAILED_STATE_OUT: &str = "/snapshot-out.state";
 const JAILED_MEMORY_OUT: &str = "/snapshot-out.mem";
+/// In the run directory of a VM resumed from its own paused state: device and inode number of the memory file
+/// it maps (`JAILED_MEMORY`), the base its next pause lays a diff snapshot over (see the module doc). Removed
+/// by every load and every checkpoint (a snapshot resets the dirty-page bitmap, which must cover everything
+/// since that file's contents).
+const DIFF_BASE_MARK: &str = "diff-base";
 
 impl FirecrackerVmm {
     pub(super) fn vm_api_error(vm: &VmHandle, e: &api::ApiError) -> VmmError {
@@ -101,6 +117,126 @@ impl FirecrackerVmm {
         result
     }
 
+    /// Writes the snapshot of a pause (the VM is paused) to `files`: a diff laid over the VM's own memory file
+    /// when it has one (see the module doc), otherwise a full snapshot.
+    pub(super) async fn create_pause_snapshot(
+        &self,
+        vm: &VmHandle,
+        files: &SnapshotFiles,
+    ) -> Result<(), VmmError> {
+        if let Some(base) = self.take_diff_base(vm) {
+            let started = std::time::Instant::now();
+            match self.create_diff_snapshot(vm, files, base).await {
+                Ok(allocated) => {
+                    tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms = started.elapsed().as_millis() as u64,
+                        "firecracker pause: diff snapshot laid over the memory file the VM resumed from");
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(vm = %vm.run_dir.display(), error = %e, "diff snapshot failed; writing a full one");
+                }
+            }
+        }
+        self.create_snapshot(vm, files).await
+    }
+
+    /// Forgets the diff base of `vm` (before a checkpoint, see [`DIFF_BASE_MARK`]).
+    pub(super) fn forget_diff_base(run_dir: &Path) {
+        let _ = std::fs::remove_file(run_dir.join(DIFF_BASE_MARK));
+    }
+
+    /// The memory file `vm` was resumed from, opened for writing, if it may take a diff: recorded at the
+    /// load, still the same inode, a regular root-owned file whose only name is the jail's. The record is
+    /// used once: whatever happens next, a later pause without a new load writes a full snapshot.
+    fn take_diff_base(&self, vm: &VmHandle) -> Option<std::fs::File> {
+        use std::os::unix::fs::MetadataExt;
+        let mark = vm.run_dir.join(DIFF_BASE_MARK);
+        let recorded = std::fs::read_to_string(&mark).ok()?;
+        Self::forget_diff_base(&vm.run_dir);
+        let mut words = recorded.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(dev)), Some(Ok(ino))) = (words.next(), words.next()) else {
+            return None;
+        };
+        let root = self.jail_root(&vm.run_dir)?;
+        let file = open_beneath(&root, &JAILED_MEMORY[1..], nix::fcntl::OFlag::O_RDWR).ok()?;
+        let meta = file.metadata().ok()?;
+        let ok =
+            meta.is_file() && meta.dev() == dev && meta.ino() == ino && meta.nlink() == 1 && meta.uid() == 0;
+        if !ok {
+            tracing::debug!(vm = %vm.run_dir.display(), nlink = meta.nlink(), "memory file not (or no longer) the VM's own: full snapshot");
+        }
+        ok.then_some(file)
+    }
+
+    /// `PUT /snapshot/create` of type Diff inside the jail, written by Firecracker into `base` itself (the
+    /// file its guest memory maps: Firecracker merges a diff into an existing memory file of the right size,
+    /// writing only the dirty pages, which its private mapping has already copied). For that call the file
+    /// belongs to the jail's uid; then it is root's and read-only again, and linked to `files.memory`; the
+    /// state file is taken out to `files.state`. Returns the memory file's allocated bytes.
+    async fn create_diff_snapshot(
+        &self,
+        vm: &VmHandle,
+        files: &SnapshotFiles,
+        base: std::fs::File,
+    ) -> Result<u64, VmmError> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = self.jail_root(&vm.run_dir).ok_or_else(|| VmmError::Snapshot {
+            path: vm.run_dir.clone(),
+            detail: "diff snapshots need the jail".into(),
+        })?;
+        // The jail's `run/` directory is made for the jail's uid and gid (never root's).
+        let run = root.join("run");
+        let owner = std::fs::symlink_metadata(&run).map_err(io_at(&run))?;
+        if owner.uid() == 0 || !owner.is_dir() {
+            return Err(VmmError::Snapshot {
+                path: run,
+                detail: "the jail's run directory does not belong to the jail's uid".into(),
+            });
+        }
+        let base_path = root.join(&JAILED_MEMORY[1..]);
+        let give_back = |file: &std::fs::File| {
+            std::os::unix::fs::fchown(file, Some(0), Some(0))
+                .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(SNAPSHOT_FILE_MODE)))
+                .map_err(io_at(&base_path))
+        };
+        let handed = std::os::unix::fs::fchown(&base, Some(owner.uid()), Some(owner.gid()))
+            .and_then(|()| base.set_permissions(std::fs::Permissions::from_mode(0o600)));
+        if let Err(e) = handed {
+            give_back(&base)?;
+            return Err(io_at(&base_path)(e));
+        }
+        let req = api::SnapshotCreate {
+            snapshot_type: api::SnapshotType::Diff,
+            snapshot_path: JAILED_STATE_OUT.into(),
+            mem_file_path: JAILED_MEMORY.into(),
+        };
+        let created = self
+            .api(&vm.run_dir)
+            .create_snapshot(req)
+            .await
+            .map_err(|e| Self::vm_api_error(vm, &e));
+        let result = give_back(&base)
+            .and(created)
+            .and_then(|()| take_out(&root, &JAILED_STATE_OUT[1..], &files.state))
+            .and_then(|()| {
+                let meta = base.metadata().map_err(io_at(&base_path))?;
+                if meta.nlink() != 1 {
+                    return Err(VmmError::Snapshot {
+                        path: base_path.clone(),
+                        detail: "the memory file got another name during the snapshot".into(),
+                    });
+                }
+                link_out(&base, &files.memory)?;
+                Ok(meta.blocks() * 512)
+            });
+        let _ = std::fs::remove_file(root.join(&JAILED_STATE_OUT[1..]));
+        if result.is_err() {
+            let _ = std::fs::remove_file(&files.state);
+            let _ = std::fs::remove_file(&files.memory);
+        }
+        result
+    }
+
     /// Starts a fresh Firecracker process for `spec` and loads `files` into it instead of booting. The disk
     /// must be at the path the snapshot recorded (see the module doc). With `resume` the vCPUs run at once;
     /// otherwise the VM stays paused until [`FirecrackerVmm::resume`].
@@ -110,6 +246,20 @@ impl FirecrackerVmm {
         files: &SnapshotFiles,
         resume: bool,
     ) -> Result<VmHandle, VmmError> {
+        self.load_files(spec, files, resume, false).await
+    }
+
+    /// [`Self::load_snapshot_files`]; with `own` (the VM's own paused state, which the caller gives up) a
+    /// jailed VM tracks dirty pages and records its memory file as the base of its next pause's diff.
+    pub(super) async fn load_files(
+        &self,
+        spec: &VmSpec,
+        files: &SnapshotFiles,
+        resume: bool,
+        own: bool,
+    ) -> Result<VmHandle, VmmError> {
+        Self::forget_diff_base(&spec.run_dir);
+        let track = own && self.jailer.is_some();
         let launched = self.launch(spec).await?;
         let (state, memory) = match self.jail_root(&spec.run_dir) {
             None => (files.state.clone(), files.memory.clone()),
@@ -132,7 +282,7 @@ impl FirecrackerVmm {
                 backend_type: api::MemBackendType::File,
                 backend_path: memory,
             },
-            enable_diff_snapshots: None,
+            enable_diff_snapshots: track.then_some(true),
             resume_vm: resume,
         };
         if let Err(e) = launched.api.load_snapshot(load).await {
@@ -140,7 +290,22 @@ impl FirecrackerVmm {
         }
         // The snapshot carries the reset of the source VM's vsock connections, not yet seen by the guest.
         Self::mark_vsock_reset(&spec.run_dir);
-        self.finish(spec, &launched, "restored").await
+        let vm = self.finish(spec, &launched, "restored").await?;
+        if track {
+            use std::os::unix::fs::MetadataExt;
+            // The inode of the snapshot's own file (a path outside the jail): the jail's link is that inode
+            // unless it had to be copied, and a file the jailed process put in its place never matches.
+            let recorded = std::fs::metadata(&files.memory).and_then(|m| {
+                std::fs::write(
+                    spec.run_dir.join(DIFF_BASE_MARK),
+                    format!("{} {}\n", m.dev(), m.ino()),
+                )
+            });
+            if let Err(e) = recorded {
+                tracing::warn!(vm = %spec.run_dir.display(), error = %e, "no diff base recorded: the next pause writes all of memory");
+            }
+        }
+        Ok(vm)
     }
 
     /// The chroot of a jailed VM in `run_dir`, if this driver jails.
@@ -158,28 +323,52 @@ impl FirecrackerVmm {
 /// another filesystem) and handed to root with [`SNAPSHOT_FILE_MODE`]. A Firecracker that keeps running after the snapshot
 /// could still write through descriptors it holds: stop it (or copy) before committing the snapshot.
 fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
-    use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat2};
-    use nix::unistd::linkat;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let file = open_private(root, name, nix::fcntl::OFlag::O_RDONLY)?;
+    link_out(&file, dest)
+}
 
-    let src = root.join(name);
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source: std::io::Error| VmmError::Io { path, source }
-    };
-    let dirfd = std::fs::File::open(root).map_err(io(root))?;
+fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> VmmError + '_ {
+    move |source| VmmError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Opens `name` beneath `root` (a jail the jailed process owns) without following any symlink.
+fn open_beneath(root: &Path, name: &str, access: nix::fcntl::OFlag) -> Result<std::fs::File, VmmError> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+    let dirfd = std::fs::File::open(root).map_err(io_at(root))?;
     let how = OpenHow::new()
-        .flags(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        // O_NONBLOCK: a FIFO put there does not block the open (it then fails the regular-file checks).
+        .flags(access | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
         .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let file = std::fs::File::from(openat2(&dirfd, name, how).map_err(|e| io(&src)(e.into()))?);
-    let meta = file.metadata().map_err(io(&src))?;
+    let fd = openat2(&dirfd, name, how).map_err(|e| io_at(&root.join(name))(e.into()))?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// [`open_beneath`], and the file must be a regular file with a single link.
+fn open_private(root: &Path, name: &str, access: nix::fcntl::OFlag) -> Result<std::fs::File, VmmError> {
+    use std::os::unix::fs::MetadataExt;
+    let src = root.join(name);
+    let file = open_beneath(root, name, access)?;
+    let meta = file.metadata().map_err(io_at(&src))?;
     if !meta.is_file() || meta.nlink() != 1 {
         return Err(VmmError::Disk {
             path: src,
             detail: "snapshot output is not a private regular file".into(),
         });
     }
+    Ok(file)
+}
+
+/// Links the open `file` to `dest` (copied when `dest` is on another filesystem) and hands it to root with
+/// [`SNAPSHOT_FILE_MODE`].
+fn link_out(file: &std::fs::File, dest: &Path) -> Result<(), VmmError> {
+    use nix::fcntl::AtFlags;
+    use nix::unistd::linkat;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::PermissionsExt;
+
     let magic = format!("/proc/self/fd/{}", file.as_raw_fd());
     match linkat(
         nix::fcntl::AT_FDCWD,
@@ -189,9 +378,9 @@ fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
         AtFlags::AT_SYMLINK_FOLLOW,
     ) {
         Ok(()) => {
-            std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io(dest))?;
+            std::os::unix::fs::fchown(file, Some(0), Some(0)).map_err(io_at(dest))?;
             file.set_permissions(std::fs::Permissions::from_mode(SNAPSHOT_FILE_MODE))
-                .map_err(io(dest))
+                .map_err(io_at(dest))
         }
         Err(nix::Error::EXDEV) => {
             let mut out = std::fs::File::options()
@@ -199,11 +388,55 @@ fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
                 .create_new(true)
                 .mode(0o600)
                 .open(dest)
-                .map_err(io(dest))?;
-            std::io::copy(&mut &file, &mut out).map_err(io(dest))?;
+                .map_err(io_at(dest))?;
+            let mut from = file;
+            std::io::copy(&mut from, &mut out).map_err(io_at(dest))?;
             out.set_permissions(std::fs::Permissions::from_mode(SNAPSHOT_FILE_MODE))
-                .map_err(io(dest))
+                .map_err(io_at(dest))
         }
-        Err(e) => Err(io(dest)(e.into())),
+        Err(e) => Err(io_at(dest)(e.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::fcntl::OFlag;
+
+    /// What the jailed process could leave at a name the driver opens in its chroot: only a regular file
+    /// with a single link is taken, a symlink is never followed (not even to a file inside the jail), and a
+    /// FIFO does not block the open.
+    #[test]
+    fn jail_files_are_opened_beneath_without_following_anything() {
+        let dir = tempfile::tempdir().expect("test step");
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).expect("test step");
+        let outside = dir.path().join("host-file");
+        std::fs::write(&outside, b"host").expect("test step");
+        std::fs::write(root.join("mem"), b"guest").expect("test step");
+        assert!(open_private(&root, "mem", OFlag::O_RDWR).is_ok());
+
+        std::os::unix::fs::symlink(&outside, root.join("abs")).expect("test step");
+        std::os::unix::fs::symlink("mem", root.join("rel")).expect("test step");
+        std::os::unix::fs::symlink("../host-file", root.join("up")).expect("test step");
+        for name in ["abs", "rel", "up", "../host-file"] {
+            assert!(open_beneath(&root, name, OFlag::O_RDONLY).is_err(), "{name}");
+        }
+        std::fs::hard_link(root.join("mem"), root.join("second-name")).expect("test step");
+        assert!(open_private(&root, "mem", OFlag::O_RDONLY).is_err(), "two links");
+
+        nix::unistd::mkfifo(
+            &root.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .expect("test step");
+        let started = std::time::Instant::now();
+        assert!(open_private(&root, "fifo", OFlag::O_RDONLY).is_err());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "the open blocked"
+        );
+        std::fs::create_dir(root.join("dir")).expect("test step");
+        assert!(open_private(&root, "dir", OFlag::O_RDONLY).is_err());
     }
 }

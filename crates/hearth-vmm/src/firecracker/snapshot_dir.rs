@@ -9,7 +9,9 @@
 //! file exactly the guest's RAM size: a truncated one would make the guest fault on first touch), then a
 //! fresh process loads it with the `File` memory backend and resumes. Firecracker maps that file
 //! `MAP_PRIVATE` (copy-on-write: the guest's writes never reach it) and only reads the state file, so one
-//! snapshot serves any number of restores; `tests/firecracker_snapshot.rs` checks the files' hashes.
+//! snapshot serves any number of restores; `tests/firecracker_snapshot.rs` checks the files' hashes. A
+//! `resume` (the sandbox's own pause, which the daemon removes afterwards) is the exception: its next pause
+//! lays a diff snapshot over that memory file (`snapshot.rs`).
 
 use std::path::Path;
 
@@ -72,6 +74,10 @@ impl FirecrackerVmm {
                 .ok_or_else(|| snap_err(dest, format!("GET /vm/config has no machine-config.{key}")))
         };
         let (memory_mib, vcpus) = (shape("mem_size_mib")?, shape("vcpu_count")?);
+        if mode == SnapshotMode::Checkpoint {
+            // Writing this snapshot may reset the dirty-page bitmap a later diff pause would rely on.
+            Self::forget_diff_base(&vm.run_dir);
+        }
         let started = std::time::Instant::now();
         self.pause(vm).await?;
         let paused = started.elapsed();
@@ -131,7 +137,10 @@ impl FirecrackerVmm {
         mode: SnapshotMode,
     ) -> Result<(), VmmError> {
         let started = std::time::Instant::now();
-        self.create_snapshot(vm, files).await?;
+        match mode {
+            SnapshotMode::Pause => self.create_pause_snapshot(vm, files).await?,
+            SnapshotMode::Checkpoint => self.create_snapshot(vm, files).await?,
+        }
         let created = started.elapsed();
         if mode == SnapshotMode::Checkpoint {
             if self.jailer.is_some() {
@@ -160,12 +169,15 @@ impl FirecrackerVmm {
         synced
     }
 
-    /// [`crate::Vmm::restore`] for Firecracker.
+    /// [`crate::Vmm::restore`] for Firecracker, and with `own` [`crate::Vmm::resume`]: the sandbox's own paused
+    /// state, whose memory file the resumed VM then takes over as the base of its next pause's diff (see
+    /// `snapshot.rs`).
     pub(super) async fn restore_from_dir(
         &self,
         spec: &VmSpec,
         dir: &Path,
         info: &SnapshotInfo,
+        own: bool,
     ) -> Result<VmHandle, VmmError> {
         if info.kind != VmmKind::Firecracker {
             return Err(snap_err(
@@ -200,7 +212,7 @@ impl FirecrackerVmm {
                 format!("memory file has {} bytes, the guest has {want}", memory.len()),
             ));
         }
-        self.load_snapshot_files(spec, &files, true).await
+        self.load_files(spec, &files, true, own).await
     }
 }
 

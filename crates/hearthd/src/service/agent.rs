@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hearth_api::SandboxState;
-use hearth_proto::client::AgentClient;
+use hearth_proto::client::{AgentClient, ClientError};
+use hearth_proto::{PostRestore, PostRestoreReport};
 use hearth_vmm::VmHandle;
 use tokio::time::Instant;
 
@@ -19,6 +20,8 @@ const FIRST_HANDSHAKE_TRY: Duration = Duration::from_millis(500);
 const HANDSHAKE_TRY: Duration = Duration::from_secs(2);
 /// Pause between connection attempts.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// Each handshake attempt right after a restore (it includes the post-restore setup).
+const RESTORED_HANDSHAKE_TRY: Duration = Duration::from_secs(5);
 /// How long a request waits for a dropped channel to come back before it fails.
 pub(crate) const RECONNECT_WINDOW: Duration = Duration::from_secs(5);
 
@@ -83,13 +86,46 @@ impl Sandboxes {
         vm: &VmHandle,
         deadline: Instant,
     ) -> Result<AgentClient, String> {
+        Ok(self.connect_agent_with(vm, deadline, None).await?.0)
+    }
+
+    /// [`Self::connect_agent_until`] right after a restore: the post-restore setup (clock and entropy, with
+    /// `identity` also hostname and machine-id) rides in the handshake, one round trip for both. Returns its
+    /// outcome for [`super::pause::finish_post_restore`] (`None`: an agent from before this, which needs the
+    /// setup as a request of its own).
+    pub(crate) async fn connect_restored_agent_until(
+        &self,
+        vm: &VmHandle,
+        deadline: Instant,
+        identity: Option<(&str, &str)>,
+    ) -> Result<(AgentClient, Option<Result<PostRestoreReport, ClientError>>), String> {
+        let make = || super::pause::post_restore_request(identity);
+        self.connect_agent_with(vm, deadline, Some(&make)).await
+    }
+
+    async fn connect_agent_with(
+        &self,
+        vm: &VmHandle,
+        deadline: Instant,
+        after_restore: Option<&(dyn Fn() -> PostRestore + Send + Sync)>,
+    ) -> Result<(AgentClient, Option<Result<PostRestoreReport, ClientError>>), String> {
         let started = Instant::now();
-        let mut try_timeout = FIRST_HANDSHAKE_TRY;
+        // A restored guest is up at once, but its handshake carries the post-restore setup: give the first
+        // attempt time for that instead of giving up on it and starting another.
+        let mut try_timeout = match after_restore {
+            Some(_) => RESTORED_HANDSHAKE_TRY,
+            None => FIRST_HANDSHAKE_TRY,
+        };
         for attempt in 1.. {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let last = match self.vmm.connect_agent(vm).await {
                 Ok(stream) => {
-                    match AgentClient::connect(stream, try_timeout.min(remaining.max(RETRY_PAUSE))).await {
+                    let timeout = try_timeout.min(remaining.max(RETRY_PAUSE));
+                    let connected = match after_restore {
+                        None => AgentClient::connect(stream, timeout).await.map(|c| (c, None)),
+                        Some(make) => AgentClient::connect_after_restore(stream, timeout, make).await,
+                    };
+                    match connected {
                         Ok(client) => {
                             tracing::debug!(
                                 pid = vm.pid,
@@ -107,7 +143,7 @@ impl Sandboxes {
             tracing::debug!(pid = vm.pid, attempt, error = %last, "agent not reachable yet");
             // A guest still booting does not answer at all; one that is up answers in milliseconds, but a loaded
             // host can be slow, so later attempts wait longer.
-            try_timeout = (try_timeout * 2).min(HANDSHAKE_TRY);
+            try_timeout = (try_timeout * 2).min(HANDSHAKE_TRY).max(try_timeout);
             if !self.vmm.is_alive(vm) {
                 return Err(format!("VM process exited ({last})"));
             }

@@ -448,36 +448,46 @@ impl Sandboxes {
         // Recorded at once so that a restart finds (and stops) this VM even if we die right now.
         self.db.set_handle(&row.id, &vm).map_err(|e| e.to_string())?;
         let timeout = self.settings.ready_timeout;
-        let client = self
-            .connect_agent_until(&vm, Instant::now() + timeout)
-            .await
-            .map_err(|e| {
-                if e.starts_with("VM process exited") {
-                    e
-                } else {
-                    format!("guest agent not ready after {} s: {e}", timeout.as_secs())
-                }
-            })?;
-        // The handshake proves the agent serves requests; a ping round trip proves the channel carries them.
-        tokio::time::timeout(Duration::from_secs(10), client.ping())
-            .await
-            .map_err(|_| "guest agent did not answer a ping".to_string())?
-            .map_err(|e| format!("guest agent ping: {e}"))?;
+        // Every restore of a shared snapshot gets its own identity and fresh entropy before user code: in the
+        // handshake, where the agent can do it.
+        let machine_id = restore.is_some().then(|| {
+            let mut b = [0u8; 16];
+            rand::rng().fill_bytes(&mut b);
+            b[0] |= 1;
+            hex::encode(b)
+        });
+        let identity = machine_id.as_deref().map(|m| (spec.hostname.as_str(), m));
+        let deadline = Instant::now() + timeout;
+        let connected = match identity {
+            Some(_) => self
+                .connect_restored_agent_until(&vm, deadline, identity)
+                .await
+                .map(|(c, outcome)| (c, Some(outcome))),
+            None => self.connect_agent_until(&vm, deadline).await.map(|c| (c, None)),
+        };
+        let (client, post_restore) = connected.map_err(|e| {
+            if e.starts_with("VM process exited") {
+                e
+            } else {
+                format!("guest agent not ready after {} s: {e}", timeout.as_secs())
+            }
+        })?;
+        // The handshake proves the agent serves requests; a ping round trip proves the channel carries them (a
+        // post-restore setup done in the handshake was such a round trip already).
+        if !matches!(post_restore, Some(Some(Ok(_)))) {
+            tokio::time::timeout(Duration::from_secs(10), client.ping())
+                .await
+                .map_err(|_| "guest agent did not answer a ping".to_string())?
+                .map_err(|e| format!("guest agent ping: {e}"))?;
+        }
         if restore.is_none() {
             // A restored guest has its mounts already (they are in its memory).
             self.mount_in_guest(&row.id, &client)
                 .await
                 .map_err(|e| format!("mounting buckets: {e}"))?;
         }
-        if restore.is_some() {
-            // Every restore of a shared snapshot gets its own identity and fresh entropy before user code.
-            let machine_id = {
-                let mut b = [0u8; 16];
-                rand::rng().fill_bytes(&mut b);
-                b[0] |= 1;
-                hex::encode(b)
-            };
-            super::pause::guest_after_restore(&client, &row.id, Some((&spec.hostname, &machine_id)))
+        if let Some(outcome) = post_restore {
+            super::pause::finish_post_restore(&client, &row.id, identity, outcome)
                 .await
                 .map_err(|e| format!("post-restore setup: {e}"))?;
         }

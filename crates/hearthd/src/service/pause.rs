@@ -106,6 +106,45 @@ pub(crate) async fn guest_sync(client: &AgentClient) -> Result<(), ServiceError>
     Ok(())
 }
 
+/// The post-restore setup as of now: the host's wall clock, fresh entropy, and `identity` (hostname,
+/// machine-id) when given.
+pub(crate) fn post_restore_request(identity: Option<(&str, &str)>) -> PostRestore {
+    use rand::RngCore;
+    let mut entropy = vec![0u8; hearth_proto::POST_RESTORE_ENTROPY_LEN];
+    rand::rng().fill_bytes(&mut entropy);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    PostRestore {
+        unix_time_ns: i64::try_from(now.as_nanos()).unwrap_or(i64::MAX),
+        entropy,
+        hostname: identity.map(|(h, _)| h.to_string()),
+        machine_id: identity.map(|(_, m)| m.to_string()),
+    }
+}
+
+/// Ends the post-restore setup begun in the handshake ([`Sandboxes::connect_restored_agent_until`]): nothing
+/// more when the agent did it there; otherwise (an older agent, or a refusal) [`guest_after_restore`], which
+/// asks again as a request and falls back to a shell where that is refused.
+pub(crate) async fn finish_post_restore(
+    client: &AgentClient,
+    id: &str,
+    identity: Option<(&str, &str)>,
+    outcome: Option<Result<hearth_proto::PostRestoreReport, ClientError>>,
+) -> Result<(), ServiceError> {
+    match outcome {
+        Some(Ok(report)) => {
+            tracing::debug!(sandbox = %id, ?report, "post-restore done in the handshake");
+            Ok(())
+        }
+        Some(Err(e)) => {
+            tracing::debug!(sandbox = %id, error = %e, "post-restore in the handshake failed; asking again");
+            guest_after_restore(client, id, identity).await
+        }
+        None => guest_after_restore(client, id, identity).await,
+    }
+}
+
 /// After a restore, before anything else runs: sets the guest's wall clock to the host's, credits fresh host
 /// entropy to the kernel RNG and reseeds it and, when given, sets a new hostname and machine-id (forks).
 /// Uses the agent's `PostRestore` (protocol v2); an older agent gets the clock and entropy through a shell
@@ -115,18 +154,8 @@ pub(crate) async fn guest_after_restore(
     id: &str,
     identity: Option<(&str, &str)>,
 ) -> Result<(), ServiceError> {
-    use rand::RngCore;
-    let mut entropy = vec![0u8; hearth_proto::POST_RESTORE_ENTROPY_LEN];
-    rand::rng().fill_bytes(&mut entropy);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let req = PostRestore {
-        unix_time_ns: i64::try_from(now.as_nanos()).unwrap_or(i64::MAX),
-        entropy: entropy.clone(),
-        hostname: identity.map(|(h, _)| h.to_string()),
-        machine_id: identity.map(|(_, m)| m.to_string()),
-    };
+    let req = post_restore_request(identity);
+    let (unix_time_ns, entropy) = (req.unix_time_ns, req.entropy.clone());
     match tokio::time::timeout(Duration::from_secs(30), client.post_restore(req)).await {
         Ok(Ok(report)) => {
             tracing::debug!(sandbox = %id, ?report, "post-restore done");
@@ -146,7 +175,7 @@ pub(crate) async fn guest_after_restore(
     }
     let mut line = format!(
         "date -u -s @{} >/dev/null 2>&1; printf '%s' {} > /dev/urandom",
-        now.as_secs(),
+        unix_time_ns / 1_000_000_000,
         hex::encode(&entropy)
     );
     if let Some((hostname, machine_id)) = identity {
@@ -397,11 +426,11 @@ impl Sandboxes {
         *handle = Some(vm.clone());
         // Recorded at once so that a restart finds this process.
         self.db.set_handle(&row.id, &vm)?;
-        let client = self
-            .connect_agent_until(&vm, Instant::now() + RESTORE_CONNECT)
+        let (client, outcome) = self
+            .connect_restored_agent_until(&vm, Instant::now() + RESTORE_CONNECT, None)
             .await
             .map_err(|e| ServiceError::VmmFailed(format!("restored guest's agent did not answer: {e}")))?;
-        guest_after_restore(&client, &row.id, None).await?;
+        finish_post_restore(&client, &row.id, None, outcome).await?;
         Ok((vm, client))
     }
 

@@ -72,11 +72,12 @@ async fn fake_agent(sock: UnixStream, mute_pings: Arc<AtomicBool>) {
         while let Ok(Some(frame)) = dec.decode() {
             let Ok(h) = frame.parse::<HostMsg>() else { continue };
             let ok = match h.msg {
-                HostMsg::Hello { version, nonce } => {
+                HostMsg::Hello { version, nonce, .. } => {
                     let msg = GuestMsg::HelloOk {
                         version,
                         agent_version: "fake".into(),
                         nonce,
+                        post_restore: None,
                     };
                     send(&mut w, h.stream, &msg, b"").await
                 }
