@@ -118,6 +118,38 @@ pub struct FirecrackerVmm {
 }
 
 impl FirecrackerVmm {
+    /// [`crate::Vmm::stop`] with SIGKILL after `grace` (zero: at once, for a VM whose state is saved).
+    pub(crate) async fn stop_within(&self, vm: &VmHandle, grace: Duration) -> Result<(), VmmError> {
+        let proc_id = Self::proc_id(vm);
+        // Only signal a process that is provably ours: same pid and start time, and our binary (unless the
+        // binary can no longer be read because the process is already exiting).
+        let ours = vm.kind == VmmKind::Firecracker
+            && process::is_running(proc_id)
+            && process::exe_of(vm.pid).is_none_or(|exe| self.is_our_exe(&exe, &vm.run_dir));
+        if ours {
+            process::terminate(proc_id, grace)
+                .await
+                .map_err(|e| VmmError::Api {
+                    id: vm.run_dir.display().to_string(),
+                    endpoint: "stop".into(),
+                    detail: e.to_string(),
+                })?;
+        }
+        // A stale handle (the VM was restarted in the same directory since) must not break the live VM.
+        if self.socket_addr(&vm.run_dir, API_SOCKET).accepts() {
+            return Ok(());
+        }
+        self.remove_cgroups(&vm.run_dir).await;
+        // Sockets of a dead process are useless, and so is the jail (device nodes, links); the log stays
+        // for post-mortems until the daemon removes the run directory.
+        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE] {
+            let _ = std::fs::remove_file(vm.run_dir.join(name));
+        }
+        remove_disk_link(&vm.run_dir);
+        let _ = std::fs::remove_dir_all(vm.run_dir.join(JAIL_DIR));
+        Ok(())
+    }
+
     /// Uses the Firecracker binary at `binary` (checked by running `--version`).
     pub fn new(binary: impl Into<PathBuf>) -> Result<Self, VmmError> {
         let binary = binary.into();
@@ -719,34 +751,7 @@ impl Vmm for FirecrackerVmm {
     }
 
     async fn stop(&self, vm: &VmHandle) -> Result<(), VmmError> {
-        let proc_id = Self::proc_id(vm);
-        // Only signal a process that is provably ours: same pid and start time, and our binary (unless the
-        // binary can no longer be read because the process is already exiting).
-        let ours = vm.kind == VmmKind::Firecracker
-            && process::is_running(proc_id)
-            && process::exe_of(vm.pid).is_none_or(|exe| self.is_our_exe(&exe, &vm.run_dir));
-        if ours {
-            process::terminate(proc_id, self.timeouts.stop_grace)
-                .await
-                .map_err(|e| VmmError::Api {
-                    id: vm.run_dir.display().to_string(),
-                    endpoint: "stop".into(),
-                    detail: e.to_string(),
-                })?;
-        }
-        // A stale handle (the VM was restarted in the same directory since) must not break the live VM.
-        if self.socket_addr(&vm.run_dir, API_SOCKET).accepts() {
-            return Ok(());
-        }
-        self.remove_cgroups(&vm.run_dir).await;
-        // Sockets of a dead process are useless, and so is the jail (device nodes, links); the log stays
-        // for post-mortems until the daemon removes the run directory.
-        for name in [API_SOCKET, VSOCK_SOCKET, PID_FILE] {
-            let _ = std::fs::remove_file(vm.run_dir.join(name));
-        }
-        remove_disk_link(&vm.run_dir);
-        let _ = std::fs::remove_dir_all(vm.run_dir.join(JAIL_DIR));
-        Ok(())
+        self.stop_within(vm, self.timeouts.stop_grace).await
     }
 
     fn snapshot_resets_agent_channel(&self) -> bool {

@@ -91,8 +91,9 @@ impl FirecrackerVmm {
                     Self::mark_vsock_reset(&vm.run_dir);
                     self.resume(vm).await
                 }
-                // The state is saved: the process has nothing left to do.
-                SnapshotMode::Pause => crate::Vmm::stop(self, vm).await,
+                // The state is saved (Firecracker fsynced it): the process has nothing left to do, and a
+                // jailed one is PID 1 of its namespace, which ignores the SIGTERM of a plain stop (3 s of grace).
+                SnapshotMode::Pause => self.stop_within(vm, std::time::Duration::ZERO).await,
             },
             Err(e) => {
                 // A failed snapshot must not leave the sandbox frozen.
