@@ -2,7 +2,9 @@
 //! `GET /v1/sandboxes/{id}` over real HTTP against the daemon's real router, state database and lifecycle
 //! code, with 100 and then 1,000 sandboxes (8 running, the rest paused), idle and while 4 clients create, exec
 //! in and destroy sandboxes and 4 more run commands, each back to back (a load far above what real guests
-//! allow, since the test VMM answers at once). The VMM is the in-process test VMM of
+//! allow, since the test VMM answers at once), and then with the same clients paced to real guests' rates
+//! (each creator starts one create every [`CREATE_PERIOD`], each command runner one command every
+//! [`COMMAND_PERIOD`]). The VMM is the in-process test VMM of
 //! `tests/fake` (a `sleep` process per VM, a small agent that answers commands): what is measured is hearthd's
 //! own bookkeeping, not a guest. Last, with `--key-rate-limit 50`: the p50-p99 of one member key's requests
 //! while another member key floods the daemon from 8 clients (most of its requests answered 429), beside the
@@ -22,6 +24,37 @@ use serde_json::{Value, json};
 const SAMPLES: usize = 400;
 /// Clients of each kind that keep the daemon busy in the loaded phases.
 const CLIENTS: usize = 4;
+/// A paced creator's cycle (create, one command, destroy) starts at most this often: a cold create of a real
+/// guest takes 0.2 s (Firecracker on KVM, from a memory template) to seconds, so 1 s per client is a busy host.
+const CREATE_PERIOD: Duration = Duration::from_secs(1);
+/// A paced command runner starts a command at most this often (20 a second per client: an agent issuing
+/// short commands back to back against a real guest, each of which takes milliseconds to run).
+const COMMAND_PERIOD: Duration = Duration::from_millis(50);
+
+/// How the load's clients run.
+#[derive(Clone, Copy, PartialEq)]
+enum Load {
+    Idle,
+    /// Each client back to back, as fast as the daemon answers.
+    FlatOut,
+    /// Each client paced to [`CREATE_PERIOD`] or [`COMMAND_PERIOD`].
+    Paced,
+}
+
+/// Waits for the next tick of a paced client (nothing when flat out).
+async fn pace(ticker: &mut Option<tokio::time::Interval>) {
+    if let Some(t) = ticker {
+        t.tick().await;
+    }
+}
+
+fn ticker(load: Load, period: Duration) -> Option<tokio::time::Interval> {
+    (load == Load::Paced).then(|| {
+        let mut t = tokio::time::interval(period);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    })
+}
 
 struct Bench {
     base: String,
@@ -104,6 +137,7 @@ async fn populate(f: &fake::Fixture, ids: &mut Vec<String>, running: &mut Vec<St
 
 /// Starts the load: creators (create, one command, destroy) and command runners on the running sandboxes.
 fn load(
+    how: Load,
     b: &Arc<Bench>,
     running: &[String],
     stop: &Arc<AtomicBool>,
@@ -113,7 +147,9 @@ fn load(
     for c in 0..CLIENTS {
         let (b, stop, done) = (b.clone(), stop.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
+            let mut ticker = ticker(how, CREATE_PERIOD);
             while !stop.load(Ordering::Relaxed) {
+                pace(&mut ticker).await;
                 let (s, v) = b
                     .call(
                         reqwest::Method::POST,
@@ -136,7 +172,9 @@ fn load(
         let id = running[c % running.len()].clone();
         let (b, stop, done) = (b.clone(), stop.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
+            let mut ticker = ticker(how, COMMAND_PERIOD);
             while !stop.load(Ordering::Relaxed) {
+                pace(&mut ticker).await;
                 b.run_command(&id, "echo busy").await;
                 done.fetch_add(1, Ordering::Relaxed);
             }
@@ -145,13 +183,13 @@ fn load(
     tasks
 }
 
-async fn measure(b: &Arc<Bench>, ids: &[String], running: &[String], label: &str, loaded: bool) {
+async fn measure(b: &Arc<Bench>, ids: &[String], running: &[String], label: &str, how: Load) {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let tasks = if loaded {
-        load(b, running, &stop, &done)
-    } else {
+    let tasks = if how == Load::Idle {
         Vec::new()
+    } else {
+        load(how, b, running, &stop, &done)
     };
     let started = Instant::now();
     let n = ids.len();
@@ -174,14 +212,14 @@ async fn measure(b: &Arc<Bench>, ids: &[String], running: &[String], label: &str
     for t in tasks {
         t.await.expect("load task");
     }
-    let load_note = if loaded {
-        format!(
-            ", under load ({} creates+commands / commands done, {:.1}/s)",
+    let load_note = match how {
+        Load::Idle => ", idle".to_string(),
+        Load::FlatOut | Load::Paced => format!(
+            ", under {} load ({} creates+commands / commands done, {:.1}/s)",
+            if how == Load::Paced { "paced" } else { "flat-out" },
             done.load(Ordering::Relaxed),
             done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
-        )
-    } else {
-        ", idle".to_string()
+        ),
     };
     row(&format!("list a page of 100, {label}{load_note}"), page);
     row(&format!("get one sandbox, {label}{load_note}"), get);
@@ -226,8 +264,9 @@ async fn main() {
         populate(&f, &mut ids, &mut running, total).await;
         ids.sort();
         let label = format!("{total} sandboxes ({} paused)", total - running.len());
-        measure(&b, &ids, &running, &label, false).await;
-        measure(&b, &ids, &running, &label, true).await;
+        for how in [Load::Idle, Load::FlatOut, Load::Paced] {
+            measure(&b, &ids, &running, &label, how).await;
+        }
     }
     flood(&b, &ids).await;
 }
