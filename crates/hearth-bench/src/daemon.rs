@@ -43,7 +43,13 @@ impl Daemon {
             None => std::env::current_exe()?.with_file_name("hearthd"),
         };
         let data = tempfile::Builder::new().prefix("hearth-bench-").tempdir()?;
-        let images = std::env::var("HEARTH_IMAGES").unwrap_or_else(|_| "/var/lib/hearth/images".to_owned());
+        // The images of `env` (an A/B of two image sets), else this process's, else the default.
+        let images = env
+            .iter()
+            .find(|(k, _)| k == "HEARTH_IMAGES")
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var("HEARTH_IMAGES").ok())
+            .unwrap_or_else(|| "/var/lib/hearth/images".to_owned());
         let log = std::fs::File::create(data.path().join("hearthd.log"))?;
         let child = Command::new(&bin)
             .arg("--data-dir")

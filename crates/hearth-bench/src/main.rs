@@ -150,7 +150,8 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     idle_sandboxes: usize,
     /// `KEY=VALUE` for a second private daemon measured after the first in the same run (repeatable), e.g.
-    /// `HEARTH_GUEST_KERNEL_ARGS=...` to compare a guest setting with the default side by side.
+    /// `HEARTH_GUEST_KERNEL_ARGS=...` to compare a guest setting with the default side by side, or
+    /// `HEARTH_IMAGES=DIR` to compare two image sets (e.g. two guest kernels).
     #[arg(long)]
     idle_compare_env: Vec<String>,
 }

@@ -145,27 +145,15 @@ impl FirecrackerVmm {
         let _ = std::fs::remove_file(run_dir.join(DIFF_BASE_MARK));
     }
 
-    /// The memory file `vm` was resumed from, opened for writing, if it may take a diff: recorded at the
-    /// load, still the same inode, a regular root-owned file whose only name is the jail's. The record is
-    /// used once: whatever happens next, a later pause without a new load writes a full snapshot.
+    /// The memory file `vm` was resumed from, opened for writing, if it may take a diff (see
+    /// [`diff_base_in`]).
     fn take_diff_base(&self, vm: &VmHandle) -> Option<std::fs::File> {
-        use std::os::unix::fs::MetadataExt;
-        let mark = vm.run_dir.join(DIFF_BASE_MARK);
-        let recorded = std::fs::read_to_string(&mark).ok()?;
-        Self::forget_diff_base(&vm.run_dir);
-        let mut words = recorded.split_whitespace().map(str::parse::<u64>);
-        let (Some(Ok(dev)), Some(Ok(ino))) = (words.next(), words.next()) else {
-            return None;
-        };
-        let root = self.jail_root(&vm.run_dir)?;
-        let file = open_beneath(&root, &JAILED_MEMORY[1..], nix::fcntl::OFlag::O_RDWR).ok()?;
-        let meta = file.metadata().ok()?;
-        let ok =
-            meta.is_file() && meta.dev() == dev && meta.ino() == ino && meta.nlink() == 1 && meta.uid() == 0;
-        if !ok {
-            tracing::debug!(vm = %vm.run_dir.display(), nlink = meta.nlink(), "memory file not (or no longer) the VM's own: full snapshot");
+        let root = self.jail_root(&vm.run_dir);
+        let file = diff_base_in(&vm.run_dir, root.as_deref()?);
+        if file.is_none() {
+            tracing::debug!(vm = %vm.run_dir.display(), "memory file not (or no longer) the VM's own: full snapshot");
         }
-        ok.then_some(file)
+        file
     }
 
     /// `PUT /snapshot/create` of type Diff inside the jail, written by Firecracker into `base` itself (the
@@ -316,6 +304,24 @@ impl FirecrackerVmm {
     }
 }
 
+/// The memory file a VM with run directory `run_dir` and jail `root` was resumed from, opened for writing, if
+/// it may take a diff: recorded at the load ([`DIFF_BASE_MARK`]), still the same inode, a regular root-owned
+/// file whose only name is the jail's, opened beneath the jail without following symlinks. The record is used
+/// once: whatever happens next, a later pause without a new load writes a full snapshot.
+fn diff_base_in(run_dir: &Path, root: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let recorded = std::fs::read_to_string(run_dir.join(DIFF_BASE_MARK)).ok()?;
+    FirecrackerVmm::forget_diff_base(run_dir);
+    let mut words = recorded.split_whitespace().map(str::parse::<u64>);
+    let (Some(Ok(dev)), Some(Ok(ino))) = (words.next(), words.next()) else {
+        return None;
+    };
+    let file = open_beneath(root, &JAILED_MEMORY[1..], nix::fcntl::OFlag::O_RDWR).ok()?;
+    let meta = file.metadata().ok()?;
+    let ok = meta.is_file() && meta.dev() == dev && meta.ino() == ino && meta.nlink() == 1 && meta.uid() == 0;
+    ok.then_some(file)
+}
+
 /// Takes a snapshot file the jailed Firecracker wrote (`name` in the chroot `root`) out to `dest`.
 ///
 /// The jailed process owns the chroot, so the file is opened without following symlinks and must be a
@@ -438,5 +444,62 @@ mod tests {
         );
         std::fs::create_dir(root.join("dir")).expect("test step");
         assert!(open_private(&root, "dir", OFlag::O_RDONLY).is_err());
+    }
+
+    /// A diff snapshot is laid only over the very file the VM was resumed from, and only once: no record, a
+    /// garbled one, another inode at the name, a second name (a link the jail made), a symlink or a directory
+    /// in its place all refuse (the pause then writes a full snapshot), and every attempt uses the record up.
+    #[test]
+    fn a_diff_base_is_the_recorded_private_file_and_is_taken_once() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("test step");
+        let run = dir.path().join("run");
+        let root = dir.path().join("root");
+        std::fs::create_dir(&run).expect("test step");
+        std::fs::create_dir(&root).expect("test step");
+        let mem = root.join(&JAILED_MEMORY[1..]);
+        let mark = run.join(DIFF_BASE_MARK);
+        let record = |path: &Path| {
+            let m = std::fs::metadata(path).expect("test step");
+            std::fs::write(&mark, format!("{} {}\n", m.dev(), m.ino())).expect("test step");
+        };
+        std::fs::write(&mem, b"guest memory").expect("test step");
+
+        assert!(diff_base_in(&run, &root).is_none(), "no record");
+        record(&mem);
+        assert!(diff_base_in(&run, &root).is_some(), "the recorded file");
+        assert!(!mark.exists(), "the record is used up");
+        assert!(
+            diff_base_in(&run, &root).is_none(),
+            "a second pause without a load"
+        );
+
+        std::fs::write(&mark, "not numbers").expect("test step");
+        assert!(diff_base_in(&run, &root).is_none(), "garbled record");
+        assert!(!mark.exists());
+
+        record(&mem);
+        let other = root.join("other");
+        std::fs::write(&other, b"x").expect("test step");
+        std::fs::rename(&other, &mem).expect("test step");
+        assert!(diff_base_in(&run, &root).is_none(), "another inode at the name");
+        assert!(!mark.exists());
+
+        record(&mem);
+        std::fs::hard_link(&mem, root.join("second-name")).expect("test step");
+        assert!(diff_base_in(&run, &root).is_none(), "two names");
+        std::fs::remove_file(root.join("second-name")).expect("test step");
+
+        // A symlink at the name to the recorded file itself: never followed.
+        let moved = dir.path().join("moved.mem");
+        std::fs::rename(&mem, &moved).expect("test step");
+        std::os::unix::fs::symlink(&moved, &mem).expect("test step");
+        record(&moved);
+        assert!(diff_base_in(&run, &root).is_none(), "symlink");
+        std::fs::remove_file(&mem).expect("test step");
+
+        std::fs::create_dir(&mem).expect("test step");
+        record(&mem);
+        assert!(diff_base_in(&run, &root).is_none(), "directory");
     }
 }
