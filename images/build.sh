@@ -3,7 +3,8 @@
 #
 # Builds every guest artifact hearth boots, from Debian packages, into ${HEARTH_IMAGES:-/var/lib/hearth/images}:
 #
-#   vmlinuz                 bzImage of linux-image-cloud-amd64 (bookworm, 6.1), for QEMU
+#   vmlinuz                 bzImage of linux-image-cloud-amd64 (bookworm, 6.1), for QEMU; with
+#                           HEARTH_GUEST_KERNEL=microvm, the kernel images/microvm-kernel.sh builds from its sources
 #   vmlinux                 the same kernel as an uncompressed ELF, for Firecracker (images/extract-vmlinux.sh)
 #   initramfs.cpio.gz       base archive (busybox, modules, /init) + a second archive holding only /hearth-agent
 #   rootfs/minimal.ext4     busybox-static root filesystem (tests)
@@ -35,6 +36,10 @@
 #
 # Environment:
 #   HEARTH_IMAGES     output directory (default /var/lib/hearth/images)
+#   HEARTH_KERNEL_SERIES  the guest kernel's series (default 6.1; 6.12 is bookworm-backports')
+#   HEARTH_GUEST_KERNEL   debian (default) or microvm: a kernel built from Debian's sources of that series for
+#                     microVMs (images/microvm-kernel.sh; ~15 min on 2 cores; the KVM test host still needs
+#                     debian, since L1 boots the guest kernel and loads its kvm modules)
 #   HEARTH_AGENT_BIN  use this static agent binary instead of asking images/build-agent.sh
 #   HEARTH_MIRROR     Debian mirror for the root filesystems (default: the one the host's apt sources name, see
 #                     scripts/debian-mirror.sh)
@@ -56,6 +61,12 @@ MIRROR=$(debian_mirror) || exit 1
 # (docs/storage.md): the agent mounts the host's export with mount(2), no userspace helper.
 GUEST_MODULES="virtio_ring virtio virtio_mmio virtio_blk virtio_console failover net_failover virtio_net \
 vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio-rng virtio_balloon overlay nfsv3"
+# Debian's cloud kernel series the guests boot (linux-image-cloud-amd64: 6.1 from bookworm, 6.12 from
+# bookworm-backports).
+KERNEL_SERIES=${HEARTH_KERNEL_SERIES:-6.1}
+# The guests' kernel: `debian` (the package above) or `microvm` (built from the same version's sources by
+# images/microvm-kernel.sh: Debian's config with the guest's modules built in and the rest trimmed).
+GUEST_KERNEL=${HEARTH_GUEST_KERNEL:-debian}
 DEBIAN_SUITE=trixie
 DEBIAN_PACKAGES="python3,bash,coreutils,ca-certificates,procps"
 DEBIAN_SIZE=2G
@@ -107,15 +118,12 @@ stamp_set() { printf '%s\n' "$2" >"$STAMPS/$1.key"; }
 
 # --- kernel -------------------------------------------------------------------------------------------------
 
-# Prints "<package> <version>" of the concrete 6.1 linux-image package that linux-image-cloud-amd64 depends on.
+# Prints "<package> <version>" of the concrete linux-image package of series $KERNEL_SERIES that
+# linux-image-cloud-amd64 depends on (the newest version of that series any apt source has).
 resolve_kernel_package() {
-    local meta=linux-image-cloud-amd64 ver dep
-    ver=$(apt-cache policy "$meta" | awk '/Candidate:/ {print $2}')
-    case "$ver" in
-    6.1.*) ;;
-    *) ver=$(apt-cache madison "$meta" | awk '{print $3}' | grep '^6\.1\.' | sort -V | tail -1) ;;
-    esac
-    [ -n "$ver" ] || die "no 6.1 version of $meta in the apt lists (run scripts/install-deps.sh)"
+    local meta=linux-image-cloud-amd64 ver dep series=${KERNEL_SERIES//./\\.}
+    ver=$(apt-cache madison "$meta" | awk '{print $3}' | grep "^$series\\." | sort -V | tail -1)
+    [ -n "$ver" ] || die "no $KERNEL_SERIES version of $meta in the apt lists (run scripts/install-deps.sh)"
     dep=$(apt-cache show "$meta=$ver" | awk -F': ' '/^Depends:/ {print $2; exit}' | tr ',' '\n' |
         grep -o 'linux-image-[^ ]*' | head -1)
     [ -n "$dep" ] || die "cannot find the linux-image package that $meta $ver depends on"
@@ -141,14 +149,42 @@ build_kernel() {
     depmod -b "$WORK/kernel" "$rel"
     printf '%s\n' "$rel" >"$WORK/kernel/release"
     rm -rf "$tmp"
-    install -m 0644 "$WORK/kernel/vmlinuz" "$OUT/vmlinuz.tmp"
-    mv -f "$OUT/vmlinuz.tmp" "$OUT/vmlinuz"
     log "kernel: $rel"
 }
 
+# Builds the microVM kernel from the sources of Debian's kernel version $1 (linux-source-<series>) with
+# Debian's config ($WORK/kernel/config) into $WORK/microvm/{vmlinuz,vmlinux,config,release,lib/modules/<release>}.
+build_microvm_kernel() {
+    local ver=$1 pkg="linux-source-$KERNEL_SERIES" tmp
+    tmp=$(mktemp -d "$WORK/microvm.XXXXXX")
+    chmod 0755 "$tmp"
+    if id _apt >/dev/null 2>&1; then chown _apt "$tmp"; fi
+    log "microvm kernel: downloading $pkg ($ver)"
+    (cd "$tmp" && apt-get download -q=2 "$pkg=$ver" >&2)
+    dpkg-deb --fsys-tarfile "$tmp/$pkg"_*.deb | tar -xO "./usr/src/$pkg.tar.xz" | tar -xJ -C "$tmp"
+    rm -f "$tmp/$pkg"_*.deb
+    log "microvm kernel: building (images/microvm-kernel.sh); this takes a while"
+    bash "$HERE/microvm-kernel.sh" "$tmp/$pkg" "$WORK/kernel/config" "$tmp/out" >&2
+    rm -rf "$WORK/microvm"
+    mv "$tmp/out" "$WORK/microvm"
+    rm -rf "$tmp"
+    log "microvm kernel: $(cat "$WORK/microvm/release")"
+}
+
+# Installs the guest kernel of $1 ($WORK/kernel or $WORK/microvm) as $OUT/vmlinuz.
+install_guest_kernel() {
+    install -m 0644 "$1/vmlinuz" "$OUT/vmlinuz.tmp"
+    mv -f "$OUT/vmlinuz.tmp" "$OUT/vmlinuz"
+}
+
+# $OUT/vmlinux: the ELF kernel of $1 for Firecracker (and QEMU's PVH boot), built or extracted from the bzImage.
 build_vmlinux() {
-    log "vmlinux: extracting the ELF kernel for Firecracker"
-    sh "$HERE/extract-vmlinux.sh" "$OUT/vmlinuz" "$OUT/vmlinux.tmp" >&2
+    if [ -f "$1/vmlinux" ]; then
+        install -m 0644 "$1/vmlinux" "$OUT/vmlinux.tmp"
+    else
+        log "vmlinux: extracting the ELF kernel for Firecracker"
+        sh "$HERE/extract-vmlinux.sh" "$OUT/vmlinuz" "$OUT/vmlinux.tmp" >&2
+    fi
     mv -f "$OUT/vmlinux.tmp" "$OUT/vmlinux"
 }
 
@@ -211,7 +247,7 @@ INIT
 module_files() {
     local rel=$1 m line
     for m in $GUEST_MODULES; do
-        modprobe -d "$WORK/kernel" -S "$rel" --show-depends "$m" || die "module $m: not in kernel $rel"
+        modprobe -d "$GK" -S "$rel" --show-depends "$m" || die "module $m: not in kernel $rel"
     done | while read -r line; do
         case "$line" in
         insmod\ *) line=${line#insmod } && echo "${line%% *}" ;;
@@ -224,7 +260,7 @@ module_files() {
 # Base archive: busybox with its applets, the modules (decompressed, flat in /lib/modules), /init, /dev/console.
 build_base_initramfs() {
     local rel stage f name mods
-    rel=$(cat "$WORK/kernel/release")
+    rel=$(cat "$GK/release")
     mods=$(module_files "$rel")
     stage=$(mktemp -d "$WORK/base.XXXXXX")
     mkdir -p "$stage"/{bin,dev,proc,sys,newroot,etc,lib/modules}
@@ -422,9 +458,9 @@ build_kvm_host() {
 
 write_manifest() {
     local rel first=1 a path size digest
-    rel=$(cat "$WORK/kernel/release")
+    rel=$(cat "$GK/release")
     {
-        printf '{\n  "kernel_release": "%s",\n  "kernel_package": "%s",\n  "artifacts": [' "$rel" "$(stamp_get kernel-package)"
+        printf '{\n  "kernel_release": "%s",\n  "kernel_package": "%s",\n  "artifacts": [' "$rel" "$(stamp_get guest-kernel-package)"
         for a in vmlinuz vmlinux initramfs.cpio.gz rootfs/minimal.ext4 rootfs/debian.ext4 rootfs/base.ext4 \
             kvm-host/rootfs.ext4; do
             path=$OUT/$a
@@ -495,27 +531,52 @@ main() {
     kernel_line=$(resolve_kernel_package)
     read -r kpkg kver <<<"$kernel_line"
     kkey=$(printf '%s %s %s' "$kpkg" "$kver" "$(fn_key build_kernel)" | sha)
-    if step kernel "$kkey" "$OUT/vmlinuz" "$WORK/kernel/release"; then
+    if step kernel "$kkey" "$WORK/kernel/release"; then
         build_kernel "$kpkg" "$kver"
         stamp_set kernel-package "$kpkg $kver"
-        record_sha vmlinuz
         stamp_set kernel "$kkey"
         changed=1
     fi
 
-    if [ -f "$HERE/extract-vmlinux.sh" ]; then
-        vkey=$(printf '%s %s' "$kkey" "$(file_sha "$HERE/extract-vmlinux.sh")" | sha)
-        if step vmlinux "$vkey" "$OUT/vmlinux"; then
-            build_vmlinux
-            record_sha vmlinux
-            stamp_set vmlinux "$vkey"
+    # The guests' kernel ($GK, key $gkey): Debian's, or the microVM kernel built from its sources.
+    local gkey gpkg
+    GK=$WORK/kernel
+    gkey=$kkey
+    gpkg="$kpkg $kver"
+    case "$GUEST_KERNEL" in
+    debian) ;;
+    microvm)
+        [ "$KVM_HOST" = 0 ] ||
+            die "--kvm-host needs HEARTH_GUEST_KERNEL=debian (L1 boots the guest kernel and loads its kvm modules)"
+        gkey=$(printf '%s %s %s' "$kkey" "$(file_sha "$HERE/microvm-kernel.sh")" \
+            "$(fn_key build_microvm_kernel)" | sha)
+        if step microvm-kernel "$gkey" "$WORK/microvm/release" "$WORK/microvm/vmlinux"; then
+            build_microvm_kernel "$kver"
+            stamp_set microvm-kernel "$gkey"
             changed=1
         fi
-    else
-        log "vmlinux: skipped, images/extract-vmlinux.sh is not there yet (Firecracker needs it; QEMU does not)"
+        GK=$WORK/microvm
+        gpkg="linux-source-$KERNEL_SERIES $kver (images/microvm-kernel.sh)"
+        ;;
+    *) die "HEARTH_GUEST_KERNEL=$GUEST_KERNEL: expected debian or microvm" ;;
+    esac
+    if step guest-kernel "$gkey" "$OUT/vmlinuz"; then
+        install_guest_kernel "$GK"
+        record_sha vmlinuz
+        stamp_set guest-kernel-package "$gpkg"
+        stamp_set guest-kernel "$gkey"
+        changed=1
     fi
 
-    bkey=$(printf '%s %s %s %s' "$kkey" "$GUEST_MODULES" "$(pkg_version busybox-static)" \
+    vkey=$(printf '%s %s %s' "$gkey" "$(file_sha "$HERE/extract-vmlinux.sh")" "$(fn_key build_vmlinux)" | sha)
+    if step vmlinux "$vkey" "$OUT/vmlinux"; then
+        build_vmlinux "$GK"
+        record_sha vmlinux
+        stamp_set vmlinux "$vkey"
+        changed=1
+    fi
+
+    bkey=$(printf '%s %s %s %s' "$gkey" "$GUEST_MODULES" "$(pkg_version busybox-static)" \
         "$(fn_key init_script module_files build_base_initramfs)" | sha)
     if step initramfs-base "$bkey" "$WORK/base.cpio.gz"; then
         build_base_initramfs
@@ -593,7 +654,7 @@ main() {
     fi
 
     if [ "$changed" = 1 ] || [ ! -f "$OUT/manifest.json" ]; then write_manifest; fi
-    log "done in $(($(date +%s) - t0)) s: $OUT (kernel $(cat "$WORK/kernel/release"))"
+    log "done in $(($(date +%s) - t0)) s: $OUT (guest kernel $(cat "$GK/release"))"
 }
 
 main
