@@ -3,9 +3,11 @@
 #
 # Builds every guest artifact hearth boots, from Debian packages, into ${HEARTH_IMAGES:-/var/lib/hearth/images}:
 #
-#   vmlinuz                 bzImage of linux-image-cloud-amd64 (bookworm, 6.1), for QEMU; with
-#                           HEARTH_GUEST_KERNEL=microvm, the kernel images/microvm-kernel.sh builds from its sources
-#   vmlinux                 the same kernel as an uncompressed ELF, for Firecracker (images/extract-vmlinux.sh)
+#   vmlinux                 the guests' kernel (ELF, PVH), for Firecracker and QEMU: built by images/microvm-kernel.sh
+#                           from the sources of Debian's linux-image-cloud-amd64 (bookworm, 6.1) with Debian's
+#                           config trimmed for microVMs; HEARTH_GUEST_KERNEL=debian takes Debian's own kernel
+#                           (extracted by images/extract-vmlinux.sh) instead
+#   vmlinuz                 the same kernel as a bzImage
 #   initramfs.cpio.gz       base archive (busybox, modules, /init) + a second archive holding only /hearth-agent
 #   rootfs/minimal.ext4     busybox-static root filesystem (tests)
 #   rootfs/debian.ext4      mmdebstrap minbase of trixie with python3, bash, coreutils, ca-certificates, procps
@@ -16,10 +18,12 @@
 # With --kvm-host, also the KVM test host's root filesystem (crates/hearth-testkit/src/kvm_host.rs):
 #
 #   kvm-host/rootfs.ext4    bookworm minbase with QEMU 10 (bookworm-backports), nftables, iproute2, kmod, CA certificates and the
-#                           guest kernel's modules (kvm, kvm-amd, tun, nftables...): booted under QEMU TCG with
-#                           the kernel and initramfs above, it is a machine with a working /dev/kvm (nested SVM)
-#                           where tests run hearthd, Firecracker and QEMU+KVM. Versioned like the root
-#                           filesystems (kvm-host/versions/rootfs-<key>.ext4); a running test host keeps its own.
+#                           modules of Debian's kernel (kvm, kvm-amd, tun, nftables...): booted under QEMU TCG with
+#                           the two files below, it is a machine with a working /dev/kvm (nested SVM) where tests
+#                           run hearthd, Firecracker and QEMU+KVM on the guest images above. Versioned like the
+#                           root filesystems (kvm-host/versions/rootfs-<key>.ext4); a running test host keeps its own.
+#   kvm-host/vmlinux        Debian's kernel (ELF), whatever the guests boot
+#   kvm-host/initramfs.cpio.gz  the initramfs above made for Debian's kernel (its virtio modules)
 #
 # Caching: each artifact has a recipe key (sha256 of the shell functions that build it, the versions of the
 # packages it comes from, and the keys of its inputs) stored under .stamps/. An artifact is rebuilt only when its
@@ -37,9 +41,10 @@
 # Environment:
 #   HEARTH_IMAGES     output directory (default /var/lib/hearth/images)
 #   HEARTH_KERNEL_SERIES  the guest kernel's series (default 6.1; 6.12 is bookworm-backports')
-#   HEARTH_GUEST_KERNEL   debian (default) or microvm: a kernel built from Debian's sources of that series for
-#                     microVMs (images/microvm-kernel.sh; ~15 min on 2 cores; the KVM test host still needs
-#                     debian, since L1 boots the guest kernel and loads its kvm modules)
+#   HEARTH_GUEST_KERNEL   microvm (default): the guests' kernel is built from Debian's sources of that series
+#                     for microVMs (images/microvm-kernel.sh; a 10-minute compile on 2 cores, once: cached);
+#                     debian: Debian's packaged kernel as it is (no build; boots slower and holds more memory,
+#                     docs/benchmarks.md "A kernel built for microVMs")
 #   HEARTH_AGENT_BIN  use this static agent binary instead of asking images/build-agent.sh
 #   HEARTH_MIRROR     Debian mirror for the root filesystems (default: the one the host's apt sources name, see
 #                     scripts/debian-mirror.sh)
@@ -64,9 +69,10 @@ vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio-rng vi
 # Debian's cloud kernel series the guests boot (linux-image-cloud-amd64: 6.1 from bookworm, 6.12 from
 # bookworm-backports).
 KERNEL_SERIES=${HEARTH_KERNEL_SERIES:-6.1}
-# The guests' kernel: `debian` (the package above) or `microvm` (built from the same version's sources by
-# images/microvm-kernel.sh: Debian's config with the guest's modules built in and the rest trimmed).
-GUEST_KERNEL=${HEARTH_GUEST_KERNEL:-debian}
+# The guests' kernel: `microvm` (built from the sources of the package above's version by
+# images/microvm-kernel.sh: Debian's config with the guest's modules built in and the rest trimmed) or `debian`
+# (the package itself).
+GUEST_KERNEL=${HEARTH_GUEST_KERNEL:-microvm}
 DEBIAN_SUITE=trixie
 DEBIAN_PACKAGES="python3,bash,coreutils,ca-certificates,procps"
 DEBIAN_SIZE=2G
@@ -130,14 +136,22 @@ resolve_kernel_package() {
     printf '%s %s\n' "$dep" "$ver"
 }
 
+# Downloads the .deb of package $2 version $3 into a new scratch directory "$WORK/$1.XXXXXX" (readable by apt's
+# sandbox user) and prints the directory.
+apt_download() {
+    local what=$1 pkg=$2 ver=$3 tmp
+    tmp=$(mktemp -d "$WORK/$what.XXXXXX")
+    chmod 0755 "$tmp"
+    if id _apt >/dev/null 2>&1; then chown _apt "$tmp"; fi
+    (cd "$tmp" && apt-get download -q=2 "$pkg=$ver" >&2)
+    printf '%s\n' "$tmp"
+}
+
 # Downloads and unpacks the kernel package: $WORK/kernel/{vmlinuz,config,release,lib/modules/<release>}.
 build_kernel() {
     local pkg=$1 ver=$2 tmp rel
-    tmp=$(mktemp -d "$WORK/kernel-dl.XXXXXX")
-    chmod 0755 "$tmp"
-    if id _apt >/dev/null 2>&1; then chown _apt "$tmp"; fi
     log "kernel: downloading $pkg ($ver)"
-    (cd "$tmp" && apt-get download -q=2 "$pkg=$ver" >&2)
+    tmp=$(apt_download kernel-dl "$pkg" "$ver")
     dpkg-deb -x "$tmp"/"$pkg"_*.deb "$tmp/root"
     rel=$(basename "$(ls -d "$tmp"/root/lib/modules/*/ | head -1)")
     [ -f "$tmp/root/boot/vmlinuz-$rel" ] || die "kernel: no /boot/vmlinuz-$rel in $pkg"
@@ -156,11 +170,8 @@ build_kernel() {
 # Debian's config ($WORK/kernel/config) into $WORK/microvm/{vmlinuz,vmlinux,config,release,lib/modules/<release>}.
 build_microvm_kernel() {
     local ver=$1 pkg="linux-source-$KERNEL_SERIES" tmp
-    tmp=$(mktemp -d "$WORK/microvm.XXXXXX")
-    chmod 0755 "$tmp"
-    if id _apt >/dev/null 2>&1; then chown _apt "$tmp"; fi
     log "microvm kernel: downloading $pkg ($ver)"
-    (cd "$tmp" && apt-get download -q=2 "$pkg=$ver" >&2)
+    tmp=$(apt_download microvm "$pkg" "$ver")
     dpkg-deb --fsys-tarfile "$tmp/$pkg"_*.deb | tar -xO "./usr/src/$pkg.tar.xz" | tar -xJ -C "$tmp"
     rm -f "$tmp/$pkg"_*.deb
     log "microvm kernel: building (images/microvm-kernel.sh); this takes a while"
@@ -177,15 +188,18 @@ install_guest_kernel() {
     mv -f "$OUT/vmlinuz.tmp" "$OUT/vmlinuz"
 }
 
-# $OUT/vmlinux: the ELF kernel of $1 for Firecracker (and QEMU's PVH boot), built or extracted from the bzImage.
+# build_vmlinux KDIR DEST: the ELF kernel of KDIR for Firecracker (and QEMU's PVH boot), built or extracted
+# from its bzImage.
 build_vmlinux() {
-    if [ -f "$1/vmlinux" ]; then
-        install -m 0644 "$1/vmlinux" "$OUT/vmlinux.tmp"
+    local kdir=$1 dest=$2
+    mkdir -p "$(dirname "$dest")"
+    if [ -f "$kdir/vmlinux" ]; then
+        install -m 0644 "$kdir/vmlinux" "$dest.tmp"
     else
-        log "vmlinux: extracting the ELF kernel for Firecracker"
-        sh "$HERE/extract-vmlinux.sh" "$OUT/vmlinuz" "$OUT/vmlinux.tmp" >&2
+        log "vmlinux: extracting the ELF kernel of $(cat "$kdir/release")"
+        sh "$HERE/extract-vmlinux.sh" "$kdir/vmlinuz" "$dest.tmp" >&2
     fi
-    mv -f "$OUT/vmlinux.tmp" "$OUT/vmlinux"
+    mv -f "$dest.tmp" "$dest"
 }
 
 # --- initramfs ----------------------------------------------------------------------------------------------
@@ -243,11 +257,13 @@ exec switch_root /newroot /run/hearth-agent
 INIT
 }
 
-# Prints the module files (relative to lib/modules/<release>/) for GUEST_MODULES in load order, deduplicated.
+# module_files KDIR: prints the module files of kernel KDIR for GUEST_MODULES in load order, deduplicated
+# (none for a kernel that has them built in).
 module_files() {
-    local rel=$1 m line
+    local kdir=$1 rel m line
+    rel=$(cat "$kdir/release")
     for m in $GUEST_MODULES; do
-        modprobe -d "$GK" -S "$rel" --show-depends "$m" || die "module $m: not in kernel $rel"
+        modprobe -d "$kdir" -S "$rel" --show-depends "$m" || die "module $m: not in kernel $rel"
     done | while read -r line; do
         case "$line" in
         insmod\ *) line=${line#insmod } && echo "${line%% *}" ;;
@@ -257,11 +273,11 @@ module_files() {
     done | awk '!seen[$0]++'
 }
 
-# Base archive: busybox with its applets, the modules (decompressed, flat in /lib/modules), /init, /dev/console.
+# build_base_initramfs KDIR DEST: the base archive for kernel KDIR: busybox with its applets, the kernel's
+# modules (decompressed, flat in /lib/modules), /init, /dev/console.
 build_base_initramfs() {
-    local rel stage f name mods
-    rel=$(cat "$GK/release")
-    mods=$(module_files "$rel")
+    local kdir=$1 dest=$2 stage f name mods
+    mods=$(module_files "$kdir")
     stage=$(mktemp -d "$WORK/base.XXXXXX")
     mkdir -p "$stage"/{bin,dev,proc,sys,newroot,etc,lib/modules}
     cp /bin/busybox "$stage/bin/busybox"
@@ -286,7 +302,8 @@ build_base_initramfs() {
     chmod 0755 "$stage/init"
     log "initramfs: base archive with modules: $(tr '\n' ' ' <"$stage/etc/hearth-modules")"
     (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
-        cpio -o -H newc -R 0:0 --reproducible --quiet) | gzip -9n >"$WORK/base.cpio.gz"
+        cpio -o -H newc -R 0:0 --reproducible --quiet) | gzip -9n >"$dest.tmp"
+    mv -f "$dest.tmp" "$dest"
     rm -rf "$stage"
 }
 
@@ -309,16 +326,19 @@ build_agent_initramfs() {
     rm -rf "$stage"
 }
 
+# assemble_initramfs BASE DEST: the base archive BASE, then the agent's.
 assemble_initramfs() {
-    cat "$WORK/base.cpio.gz" "$WORK/agent.cpio.gz" >"$OUT/initramfs.cpio.gz.tmp"
+    local base=$1 dest=$2
+    mkdir -p "$(dirname "$dest")"
+    cat "$base" "$WORK/agent.cpio.gz" >"$dest.tmp"
     # Zero padding to a whole number of pages (the kernel skips zeros between archives). QEMU's microvm puts
     # the initrd at the very top of RAM, page-aligned at its start, and SeaBIOS keeps the ACPI tables (whose
     # DSDT lists the virtio-mmio devices) in the last bytes of RAM: an initrd whose size leaves less than the
     # tables' size free in its last page overwrites them, and the guest hangs after "ACPI: Core revision" or
     # boots without its devices (measured: the same kernel and devices boot or hang by the initramfs size
     # alone). A whole-page initrd ends one page below the top and leaves that page to the tables.
-    truncate -s %4096 "$OUT/initramfs.cpio.gz.tmp"
-    mv -f "$OUT/initramfs.cpio.gz.tmp" "$OUT/initramfs.cpio.gz"
+    truncate -s %4096 "$dest.tmp"
+    mv -f "$dest.tmp" "$dest"
 }
 
 # --- root filesystems ---------------------------------------------------------------------------------------
@@ -462,7 +482,7 @@ write_manifest() {
     {
         printf '{\n  "kernel_release": "%s",\n  "kernel_package": "%s",\n  "artifacts": [' "$rel" "$(stamp_get guest-kernel-package)"
         for a in vmlinuz vmlinux initramfs.cpio.gz rootfs/minimal.ext4 rootfs/debian.ext4 rootfs/base.ext4 \
-            kvm-host/rootfs.ext4; do
+            kvm-host/rootfs.ext4 kvm-host/vmlinux kvm-host/initramfs.cpio.gz; do
             path=$OUT/$a
             [ -e "$path" ] || continue
             size=$(stat -L -c %s "$path")
@@ -530,7 +550,7 @@ main() {
     local kernel_line
     kernel_line=$(resolve_kernel_package)
     read -r kpkg kver <<<"$kernel_line"
-    kkey=$(printf '%s %s %s' "$kpkg" "$kver" "$(fn_key build_kernel)" | sha)
+    kkey=$(printf '%s %s %s' "$kpkg" "$kver" "$(fn_key build_kernel apt_download)" | sha)
     if step kernel "$kkey" "$WORK/kernel/release"; then
         build_kernel "$kpkg" "$kver"
         stamp_set kernel-package "$kpkg $kver"
@@ -546,10 +566,8 @@ main() {
     case "$GUEST_KERNEL" in
     debian) ;;
     microvm)
-        [ "$KVM_HOST" = 0 ] ||
-            die "--kvm-host needs HEARTH_GUEST_KERNEL=debian (L1 boots the guest kernel and loads its kvm modules)"
         gkey=$(printf '%s %s %s' "$kkey" "$(file_sha "$HERE/microvm-kernel.sh")" \
-            "$(fn_key build_microvm_kernel)" | sha)
+            "$(fn_key build_microvm_kernel apt_download)" | sha)
         if step microvm-kernel "$gkey" "$WORK/microvm/release" "$WORK/microvm/vmlinux"; then
             build_microvm_kernel "$kver"
             stamp_set microvm-kernel "$gkey"
@@ -570,7 +588,7 @@ main() {
 
     vkey=$(printf '%s %s %s' "$gkey" "$(file_sha "$HERE/extract-vmlinux.sh")" "$(fn_key build_vmlinux)" | sha)
     if step vmlinux "$vkey" "$OUT/vmlinux"; then
-        build_vmlinux "$GK"
+        build_vmlinux "$GK" "$OUT/vmlinux"
         record_sha vmlinux
         stamp_set vmlinux "$vkey"
         changed=1
@@ -579,7 +597,7 @@ main() {
     bkey=$(printf '%s %s %s %s' "$gkey" "$GUEST_MODULES" "$(pkg_version busybox-static)" \
         "$(fn_key init_script module_files build_base_initramfs)" | sha)
     if step initramfs-base "$bkey" "$WORK/base.cpio.gz"; then
-        build_base_initramfs
+        build_base_initramfs "$GK" "$WORK/base.cpio.gz"
         stamp_set initramfs-base "$bkey"
     fi
 
@@ -594,7 +612,7 @@ main() {
 
     ikey=$(printf '%s %s %s' "$bkey" "$akey" "$(fn_key assemble_initramfs)" | sha)
     if step initramfs "$ikey" "$OUT/initramfs.cpio.gz"; then
-        assemble_initramfs
+        assemble_initramfs "$WORK/base.cpio.gz" "$OUT/initramfs.cpio.gz"
         record_sha initramfs.cpio.gz
         stamp_set initramfs "$ikey"
         log "initramfs: $(stat -c %s "$OUT/initramfs.cpio.gz") bytes"
@@ -639,6 +657,29 @@ main() {
             build_kvm_host "$hkey"
             record_sha kvm-host/rootfs.ext4
             stamp_set kvm-host "$hkey"
+            changed=1
+        fi
+        # L1's own kernel and initramfs: Debian's kernel whatever the guests boot (L1 loads kvm-amd, tun,
+        # nftables... from the module tree above), with the guests' agent.
+        local lvkey lbkey likey
+        lvkey=$(printf '%s %s %s' "$kkey" "$(file_sha "$HERE/extract-vmlinux.sh")" "$(fn_key build_vmlinux)" | sha)
+        if step kvm-host-vmlinux "$lvkey" "$OUT/kvm-host/vmlinux"; then
+            build_vmlinux "$WORK/kernel" "$OUT/kvm-host/vmlinux"
+            record_sha kvm-host/vmlinux
+            stamp_set kvm-host-vmlinux "$lvkey"
+            changed=1
+        fi
+        lbkey=$(printf '%s %s %s %s' "$kkey" "$GUEST_MODULES" "$(pkg_version busybox-static)" \
+            "$(fn_key init_script module_files build_base_initramfs)" | sha)
+        if step kvm-host-initramfs-base "$lbkey" "$WORK/kvm-host-base.cpio.gz"; then
+            build_base_initramfs "$WORK/kernel" "$WORK/kvm-host-base.cpio.gz"
+            stamp_set kvm-host-initramfs-base "$lbkey"
+        fi
+        likey=$(printf '%s %s %s' "$lbkey" "$akey" "$(fn_key assemble_initramfs)" | sha)
+        if step kvm-host-initramfs "$likey" "$OUT/kvm-host/initramfs.cpio.gz"; then
+            assemble_initramfs "$WORK/kvm-host-base.cpio.gz" "$OUT/kvm-host/initramfs.cpio.gz"
+            record_sha kvm-host/initramfs.cpio.gz
+            stamp_set kvm-host-initramfs "$likey"
             changed=1
         fi
     fi

