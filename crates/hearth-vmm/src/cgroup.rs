@@ -153,12 +153,13 @@ pub fn write_setting(dir: &Path, setting: &str) -> std::io::Result<()> {
 /// task is reaped, so `EBUSY` is retried for up to two seconds. A missing directory is fine.
 pub async fn remove(dir: &Path) -> std::io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(2);
+    let mut poll = crate::poll::Backoff::new();
     loop {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                poll.sleep().await;
             }
             Err(e) => return Err(e),
         }
@@ -190,8 +191,9 @@ pub async fn kill_all(dir: &Path) {
         }
     }
     let deadline = Instant::now() + Duration::from_secs(2);
+    let mut poll = crate::poll::Backoff::new();
     while !pids_in(dir).is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll.sleep().await;
     }
 }
 

@@ -23,6 +23,7 @@ pub mod detect;
 pub mod disk;
 pub mod firecracker;
 pub mod inspect;
+mod poll;
 pub mod qemu;
 mod tap;
 

@@ -503,11 +503,12 @@ impl QemuVmm {
 
     async fn wait_gone(vm: &VmHandle, within: Duration) -> bool {
         let deadline = Instant::now() + within;
+        let mut poll = crate::poll::Backoff::new();
         while Instant::now() < deadline {
             if !Self::same_process(vm) {
                 return true;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            poll.sleep().await;
         }
         !Self::same_process(vm)
     }

@@ -226,6 +226,7 @@ impl super::QemuVmm {
             // VM is torn down, a moment after QEMU itself. It and a lingering zombie are not a newer VM: wait
             // for them to go.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let mut poll = crate::poll::Backoff::new();
             let newer = loop {
                 let pids = crate::cgroup::pids_in(&dir);
                 let newer: Vec<u32> = pids
@@ -236,7 +237,7 @@ impl super::QemuVmm {
                 if !newer.is_empty() || pids.is_empty() || std::time::Instant::now() >= deadline {
                     break newer;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                poll.sleep().await;
             };
             if !newer.is_empty() {
                 tracing::info!(cgroup = %dir.display(), pids = ?newer, "cgroup holds a newer VM; left in place");

@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
@@ -161,6 +161,7 @@ impl QemuVmm {
 
         let deadline = Instant::now() + START_TIMEOUT;
         let mut exited = false;
+        let mut poll = crate::poll::Backoff::new();
         let ready = loop {
             if let Ok(status) = exit_rx.try_recv() {
                 exited = true;
@@ -188,7 +189,7 @@ impl QemuVmm {
                     log_tail(&files.qemu_log)
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            poll.sleep().await;
         };
         match ready {
             Ok(()) => Ok(handle),

@@ -129,6 +129,7 @@ impl Qmp {
     /// Polls `query-migrate` until the migration completes; fails on `failed`/`cancelled` or after `within`.
     pub async fn wait_migration(&mut self, within: std::time::Duration) -> Result<(), QmpError> {
         let deadline = tokio::time::Instant::now() + within;
+        let mut poll = crate::poll::Backoff::new();
         loop {
             let info = self.execute("query-migrate", None).await?;
             match info.get("status").and_then(Value::as_str) {
@@ -149,7 +150,7 @@ impl Qmp {
                         "migration not done after {within:?}: {info}"
                     )));
                 }
-                _ => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                _ => poll.sleep().await,
             }
         }
     }
