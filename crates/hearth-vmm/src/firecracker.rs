@@ -352,7 +352,7 @@ impl FirecrackerVmm {
         let log = spec.run_dir.join(LOG_FILE);
         let failed = |what: String| VmmError::StartFailed {
             id: spec.id.clone(),
-            detail: format!("{what}; log tail: {}", process::log_tail(&log)),
+            detail: format!("{what}; log tail: {}", crate::log::tail(&log)),
         };
         let deadline = Instant::now() + self.timeouts.api_socket;
         let mut pid = None;
@@ -771,6 +771,10 @@ impl Vmm for FirecrackerVmm {
 
     async fn sweep(&self, live: &[VmHandle]) {
         self.sweep_cgroups(live).await;
+    }
+
+    fn exit_log(&self, vm: &VmHandle) -> String {
+        crate::log::tail(&vm.run_dir.join(LOG_FILE))
     }
 
     fn is_alive(&self, vm: &VmHandle) -> bool {

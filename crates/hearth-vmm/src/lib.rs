@@ -23,6 +23,7 @@ pub mod detect;
 pub mod disk;
 pub mod firecracker;
 pub mod inspect;
+mod log;
 mod poll;
 pub mod qemu;
 mod tap;
@@ -346,6 +347,13 @@ pub trait Vmm: Send + Sync {
 
     /// True when the VM process recorded in `vm` still runs (same pid, same start time, our binary).
     fn is_alive(&self, vm: &VmHandle) -> bool;
+
+    /// The VMM process's own last words (the tail of its log, bounded, control characters replaced), for the
+    /// error when it exited under a running sandbox. Default: none kept.
+    fn exit_log(&self, vm: &VmHandle) -> String {
+        let _ = vm;
+        "(no log)".into()
+    }
 
     /// Whether a snapshot of a running VM drops the guest's end of the agent channel. Firecracker resets every
     /// vsock connection of the VM it snapshots (`VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`), so after a checkpoint

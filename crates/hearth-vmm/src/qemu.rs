@@ -738,6 +738,10 @@ impl Vmm for QemuVmm {
         crate::cgroup::sweep(&c.parent_dirs(), &keep).await;
     }
 
+    fn exit_log(&self, vm: &VmHandle) -> String {
+        crate::log::tail(&RunFiles::new(&vm.run_dir).qemu_log)
+    }
+
     fn is_alive(&self, vm: &VmHandle) -> bool {
         if vm.kind != VmmKind::Qemu || !Self::same_process(vm) {
             return false;
@@ -813,24 +817,6 @@ fn path_str(p: &Path) -> Result<String, String> {
 /// A path as a QEMU option value: commas are doubled so they cannot start another option.
 fn opt_path(p: &Path) -> Result<String, String> {
     Ok(path_str(p)?.replace(',', ",,"))
-}
-
-/// The last few lines of a log file, for error messages.
-fn log_tail(path: &Path) -> String {
-    const MAX: u64 = 2048;
-    let Ok(mut f) = File::open(path) else {
-        return format!("(no {})", path.display());
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(MAX)));
-    let mut buf = Vec::new();
-    let _ = f.take(MAX).read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).trim().to_string();
-    if text.is_empty() {
-        "(qemu printed nothing)".to_string()
-    } else {
-        text
-    }
 }
 
 #[cfg(test)]

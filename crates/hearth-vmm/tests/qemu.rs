@@ -294,6 +294,14 @@ async fn guest_init_failure_makes_qemu_exit() {
         log.contains("hearth-init: FATAL: cannot mount /dev/vda"),
         "console:\n{log}"
     );
+    // How QEMU ended is in its log, which the daemon reports when a VM exits under a sandbox: the reaper
+    // notes it once the process is reaped.
+    let note = format!("hearth: QEMU (pid {}) ended: exit status: 0", vm.pid);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !vmm.exit_log(&vm).contains(&note) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(vmm.exit_log(&vm).contains(&note), "{}", vmm.exit_log(&vm));
     vmm.stop(&vm).await.expect("stop of an exited vm");
 }
 

@@ -141,8 +141,9 @@ pub async fn watcher(svc: Arc<Sandboxes>) {
 }
 
 async fn check_one(svc: &Sandboxes, live: &crate::service::Live) {
+    let exited = || format!("VM process exited; its log: {}", svc.vmm.exit_log(&live.handle));
     let result = if !svc.vmm.is_alive(&live.handle) {
-        svc.fail(&live.id, "VM process exited").await
+        svc.fail(&live.id, &exited()).await
     } else if live.current().is_none() {
         match svc.ensure_connected(live, RECONNECT_WINDOW).await {
             Ok(_) => Ok(()),
@@ -151,7 +152,7 @@ async fn check_one(svc: &Sandboxes, live: &crate::service::Live) {
                 if svc.vmm.is_alive(&live.handle) && still_live(svc, live) {
                     svc.fail(&live.id, &e.to_string()).await
                 } else if still_live(svc, live) {
-                    svc.fail(&live.id, "VM process exited").await
+                    svc.fail(&live.id, &exited()).await
                 } else {
                     Ok(())
                 }

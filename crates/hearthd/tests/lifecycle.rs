@@ -59,7 +59,7 @@ async fn watcher_fails_a_sandbox_whose_vm_died() {
     assert!(
         s.error
             .as_deref()
-            .is_some_and(|e| e.contains("VM process exited")),
+            .is_some_and(|e| e.contains("VM process exited") && e.contains("; its log: ")),
         "{:?}",
         s.error
     );

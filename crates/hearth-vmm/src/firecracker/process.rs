@@ -122,12 +122,12 @@ pub fn spawn_detached_in(
     })?;
     drop(netns);
     let pid = child.id().ok_or_else(|| ProcessError::ExitedEarly {
-        log_tail: log_tail(log),
+        log_tail: crate::log::tail(log),
     })?;
     // Read while the handle is held: until then nothing reaps the child, so even a process that already
     // exited is still in /proc (as a zombie).
     let start_ticks = crate::process_start_ticks(pid).ok_or_else(|| ProcessError::ExitedEarly {
-        log_tail: log_tail(log),
+        log_tail: crate::log::tail(log),
     })?;
     // Dropping the handle neither kills nor waits: tokio keeps reaping it in the background.
     drop(child);
@@ -148,14 +148,14 @@ pub async fn wait_for_socket(
         }
         if !is_running(proc_id) {
             return Err(ProcessError::ExitedEarly {
-                log_tail: log_tail(log),
+                log_tail: crate::log::tail(log),
             });
         }
         if started.elapsed() >= timeout {
             return Err(ProcessError::SocketTimeout {
                 path: socket.display(),
                 waited: timeout,
-                log_tail: log_tail(log),
+                log_tail: crate::log::tail(log),
             });
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -314,41 +314,6 @@ pub fn trim_log(log: &Path, max: u64) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// The last ~2 KiB of the log, for error messages. Only the tail is read (the log may be huge), and
-/// control characters (the guest's serial output is in there) are replaced.
-pub fn log_tail(log: &Path) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    const TAIL: u64 = 2048;
-    let read_tail = || -> std::io::Result<Vec<u8>> {
-        let mut file = File::open(log)?;
-        let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(TAIL)))?;
-        let mut bytes = Vec::with_capacity(TAIL as usize);
-        file.take(TAIL).read_to_end(&mut bytes)?;
-        Ok(bytes)
-    };
-    let Ok(bytes) = read_tail() else {
-        return "(no log)".into();
-    };
-    let text: String = String::from_utf8_lossy(&bytes)
-        .chars()
-        .filter(|c| *c != '\r')
-        .map(|c| {
-            if c.is_control() && c != '\n' && c != '\t' {
-                '?'
-            } else {
-                c
-            }
-        })
-        .collect();
-    let text = text.trim();
-    if text.is_empty() {
-        "(empty log)".into()
-    } else {
-        text.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,7 +360,7 @@ mod tests {
         terminate(p, Duration::from_millis(300)).await.expect("terminate");
         assert!(!is_running(p));
         assert!(started.elapsed() >= Duration::from_millis(300));
-        assert!(log_tail(&log).contains("ready"));
+        assert!(crate::log::tail(&log).contains("ready"));
     }
 
     #[tokio::test]
@@ -459,19 +424,6 @@ mod tests {
         assert!(is_running(p), "a process with another start time was signalled");
         terminate(p, Duration::from_secs(2)).await.expect("terminate");
         assert!(!is_running(p));
-    }
-
-    #[test]
-    fn log_tail_is_bounded_and_printable() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let log = dir.path().join("log");
-        let mut content = vec![b'x'; 100_000];
-        content.extend_from_slice(b"\x1b[2Jlast line\r\n");
-        std::fs::write(&log, &content).expect("write");
-        let tail = log_tail(&log);
-        assert!(tail.len() <= 2048);
-        assert!(tail.ends_with("?[2Jlast line"), "{tail:?}");
-        assert_eq!(log_tail(&dir.path().join("absent")), "(no log)");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::fs::File;
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -12,7 +13,7 @@ use nix::sys::signal::Signal;
 
 use super::memory::Machine;
 use super::qmp::Qmp;
-use super::{QMP_TIMEOUT, QemuVmm, RunFiles, START_TIMEOUT, STOP_STEP, log_tail, snapshot, vm_uid};
+use super::{QMP_TIMEOUT, QemuVmm, RunFiles, START_TIMEOUT, STOP_STEP, snapshot, vm_uid};
 use crate::tap;
 use crate::{VmHandle, VmSpec, VmmError, VmmKind, process_start_ticks};
 
@@ -89,6 +90,14 @@ impl QemuVmm {
             path: files.qemu_log.clone(),
             source: e,
         })?;
+        // The reaper's note of how QEMU ended (a signal leaves nothing in QEMU's own output), appended after it.
+        let exit_note = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&files.qemu_log)
+            .map_err(|e| VmmError::Io {
+                path: files.qemu_log.clone(),
+                source: e,
+            })?;
         if self.drop_privileges {
             self.prepare_unprivileged(spec)?;
         }
@@ -149,7 +158,14 @@ impl QemuVmm {
         std::thread::Builder::new()
             .name(format!("qemu-reap-{pid}"))
             .spawn(move || {
-                let _ = exit_tx.send(child.wait());
+                let status = child.wait();
+                let what = match &status {
+                    Ok(s) => s.to_string(),
+                    Err(e) => format!("not known ({e})"),
+                };
+                let mut note = exit_note;
+                let _ = writeln!(note, "hearth: QEMU (pid {pid}) ended: {what}");
+                let _ = exit_tx.send(status);
             })
             .map_err(|e| failed(format!("reaper thread: {e}")))?;
         let handle = VmHandle {
@@ -168,7 +184,7 @@ impl QemuVmm {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                 break Err(format!(
                     "qemu exited during startup ({status}): {}",
-                    log_tail(&files.qemu_log)
+                    crate::log::tail(&files.qemu_log)
                 ));
             }
             if start_ticks.is_none() {
@@ -186,7 +202,7 @@ impl QemuVmm {
             if Instant::now() > deadline {
                 break Err(format!(
                     "qmp not ready after {START_TIMEOUT:?}: {}",
-                    log_tail(&files.qemu_log)
+                    crate::log::tail(&files.qemu_log)
                 ));
             }
             poll.sleep().await;

@@ -145,7 +145,10 @@ impl Sandboxes {
             // host can be slow, so later attempts wait longer.
             try_timeout = (try_timeout * 2).min(HANDSHAKE_TRY).max(try_timeout);
             if !self.vmm.is_alive(vm) {
-                return Err(format!("VM process exited ({last})"));
+                return Err(format!(
+                    "VM process exited ({last}); its log: {}",
+                    self.vmm.exit_log(vm)
+                ));
             }
             if Instant::now() + RETRY_PAUSE >= deadline {
                 return Err(last);
