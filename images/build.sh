@@ -15,7 +15,7 @@
 #                           curl, build tools, and the Pi coding agent (npm, installed by the host's npm)
 #   manifest.json           every artifact with its size and sha256, and the kernel release
 #
-# With --kvm-host, also the KVM test host's root filesystem (crates/hearth-testkit/src/kvm_host.rs):
+# With --kvm-host, also the KVM test host's root filesystem (crates/hearth-testkit/src/kvm_host/):
 #
 #   kvm-host/rootfs.ext4    bookworm minbase with QEMU 10 (bookworm-backports), nftables, iproute2, kmod, CA certificates and the
 #                           modules of Debian's kernel (kvm, kvm-amd, tun, nftables...): booted under QEMU TCG with
@@ -36,7 +36,7 @@
 #
 # --check     exit 0 iff every artifact is built and current (builds nothing; used by `hearth doctor` and CI)
 # --force     rebuild everything
-# --kvm-host  also build (or, with --check, check) the KVM test host's root filesystem
+# --kvm-host  also build (or, with --check, check) the KVM test host's root filesystem, kernel and initramfs
 #
 # Environment:
 #   HEARTH_IMAGES     output directory (default /var/lib/hearth/images)
@@ -530,6 +530,37 @@ step() {
     return 1
 }
 
+# The boot artifacts of one kernel (the kernel tree KDIR, its step key KEY), with the agent archive of key
+# AKEY: the uncompressed vmlinux, the initramfs's base archive (modules and init) and the assembled initramfs.
+# PREFIX "" makes the guests' (vmlinux, initramfs.cpio.gz in $OUT); "kvm-host-" the KVM test host's (in
+# $OUT/kvm-host/). Each file is a step of its own; sets main's `changed` when one was rebuilt.
+kernel_artifacts() {
+    local prefix=$1 kdir=$2 key=$3 akey=$4
+    local rel="" vkey bkey ikey base="$WORK/${prefix}base.cpio.gz"
+    [ -n "$prefix" ] && rel="${prefix%-}/"
+    vkey=$(printf '%s %s %s' "$key" "$(file_sha "$HERE/extract-vmlinux.sh")" "$(fn_key build_vmlinux)" | sha)
+    if step "${prefix}vmlinux" "$vkey" "$OUT/${rel}vmlinux"; then
+        build_vmlinux "$kdir" "$OUT/${rel}vmlinux"
+        record_sha "${rel}vmlinux"
+        stamp_set "${prefix}vmlinux" "$vkey"
+        changed=1
+    fi
+    bkey=$(printf '%s %s %s %s' "$key" "$GUEST_MODULES" "$(pkg_version busybox-static)" \
+        "$(fn_key init_script module_files build_base_initramfs)" | sha)
+    if step "${prefix}initramfs-base" "$bkey" "$base"; then
+        build_base_initramfs "$kdir" "$base"
+        stamp_set "${prefix}initramfs-base" "$bkey"
+    fi
+    ikey=$(printf '%s %s %s' "$bkey" "$akey" "$(fn_key assemble_initramfs)" | sha)
+    if step "${prefix}initramfs" "$ikey" "$OUT/${rel}initramfs.cpio.gz"; then
+        assemble_initramfs "$base" "$OUT/${rel}initramfs.cpio.gz"
+        record_sha "${rel}initramfs.cpio.gz"
+        stamp_set "${prefix}initramfs" "$ikey"
+        log "initramfs ($kdir): $(stat -c %s "$OUT/${rel}initramfs.cpio.gz") bytes"
+        changed=1
+    fi
+}
+
 main() {
     if [ "$MODE" = build ]; then
         [ "$(id -u)" -eq 0 ] || die "run as root (device nodes in the initramfs, mmdebstrap, file ownership)"
@@ -544,7 +575,7 @@ main() {
         remove_scratch
         trap remove_scratch EXIT
     fi
-    local kpkg kver kkey vkey bkey abin akey ikey mkey dkey changed=0 t0
+    local kpkg kver kkey abin akey mkey dkey changed=0 t0
     t0=$(date +%s)
 
     local kernel_line
@@ -586,21 +617,6 @@ main() {
         changed=1
     fi
 
-    vkey=$(printf '%s %s %s' "$gkey" "$(file_sha "$HERE/extract-vmlinux.sh")" "$(fn_key build_vmlinux)" | sha)
-    if step vmlinux "$vkey" "$OUT/vmlinux"; then
-        build_vmlinux "$GK" "$OUT/vmlinux"
-        record_sha vmlinux
-        stamp_set vmlinux "$vkey"
-        changed=1
-    fi
-
-    bkey=$(printf '%s %s %s %s' "$gkey" "$GUEST_MODULES" "$(pkg_version busybox-static)" \
-        "$(fn_key init_script module_files build_base_initramfs)" | sha)
-    if step initramfs-base "$bkey" "$WORK/base.cpio.gz"; then
-        build_base_initramfs "$GK" "$WORK/base.cpio.gz"
-        stamp_set initramfs-base "$bkey"
-    fi
-
     abin=$(agent_binary)
     [ -f "$abin" ] || die "agent binary $abin does not exist"
     akey=$(printf '%s %s' "$(file_sha "$abin")" "$(fn_key build_agent_initramfs)" | sha)
@@ -610,14 +626,7 @@ main() {
         stamp_set initramfs-agent "$akey"
     fi
 
-    ikey=$(printf '%s %s %s' "$bkey" "$akey" "$(fn_key assemble_initramfs)" | sha)
-    if step initramfs "$ikey" "$OUT/initramfs.cpio.gz"; then
-        assemble_initramfs "$WORK/base.cpio.gz" "$OUT/initramfs.cpio.gz"
-        record_sha initramfs.cpio.gz
-        stamp_set initramfs "$ikey"
-        log "initramfs: $(stat -c %s "$OUT/initramfs.cpio.gz") bytes"
-        changed=1
-    fi
+    kernel_artifacts "" "$GK" "$gkey" "$akey"
 
     mkey=$(printf '%s %s %s' "$(pkg_version busybox-static)" "$MINIMAL_SIZE" \
         "$(fn_key rootfs_common make_ext4 build_rootfs_minimal)" | sha)
@@ -661,27 +670,7 @@ main() {
         fi
         # L1's own kernel and initramfs: Debian's kernel whatever the guests boot (L1 loads kvm-amd, tun,
         # nftables... from the module tree above), with the guests' agent.
-        local lvkey lbkey likey
-        lvkey=$(printf '%s %s %s' "$kkey" "$(file_sha "$HERE/extract-vmlinux.sh")" "$(fn_key build_vmlinux)" | sha)
-        if step kvm-host-vmlinux "$lvkey" "$OUT/kvm-host/vmlinux"; then
-            build_vmlinux "$WORK/kernel" "$OUT/kvm-host/vmlinux"
-            record_sha kvm-host/vmlinux
-            stamp_set kvm-host-vmlinux "$lvkey"
-            changed=1
-        fi
-        lbkey=$(printf '%s %s %s %s' "$kkey" "$GUEST_MODULES" "$(pkg_version busybox-static)" \
-            "$(fn_key init_script module_files build_base_initramfs)" | sha)
-        if step kvm-host-initramfs-base "$lbkey" "$WORK/kvm-host-base.cpio.gz"; then
-            build_base_initramfs "$WORK/kernel" "$WORK/kvm-host-base.cpio.gz"
-            stamp_set kvm-host-initramfs-base "$lbkey"
-        fi
-        likey=$(printf '%s %s %s' "$lbkey" "$akey" "$(fn_key assemble_initramfs)" | sha)
-        if step kvm-host-initramfs "$likey" "$OUT/kvm-host/initramfs.cpio.gz"; then
-            assemble_initramfs "$WORK/kvm-host-base.cpio.gz" "$OUT/kvm-host/initramfs.cpio.gz"
-            record_sha kvm-host/initramfs.cpio.gz
-            stamp_set kvm-host-initramfs "$likey"
-            changed=1
-        fi
+        kernel_artifacts kvm-host- "$WORK/kernel" "$kkey" "$akey"
     fi
 
     if [ "$MODE" = check ]; then
