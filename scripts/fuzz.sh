@@ -14,6 +14,7 @@
 #                   commit that passed before (a longer exploratory run is FUZZ_SECONDS without FUZZ_RUNS)
 #   FUZZ_TARGETS    only these targets (space separated names, e.g. "sniff http_framer")
 #   FUZZ_SANITIZER  address (default) or none
+#   FUZZ_CODEGEN_UNITS codegen units of the fuzz builds (default 16; cargo-fuzz's own default is 1)
 #   FUZZ_CORPUS     folder that keeps the corpora between runs (default: a temporary one, removed afterwards)
 #   FUZZ_BUILD_ONLY 1: build every target and stop (scripts/test.sh builds them in the background while the
 #                   guest images are made, and the fuzz phase then finds them built)
@@ -31,6 +32,11 @@ else
   what="${seconds}s"
 fi
 sanitizer=${FUZZ_SANITIZER:-address}
+# cargo-fuzz compiles release builds as one codegen unit by default, so each crate's code generation runs on
+# one core (hearth-mount's target alone took 8 of the 12 minutes of the fuzz build in a CI run); 16 units let it
+# use both and optimise less across units, at a small cost in inputs per second that CI's fixed input count
+# does not feel (cargo-fuzz's own advice for faster builds).
+codegen_units=${FUZZ_CODEGEN_UNITS:-16}
 only=${FUZZ_TARGETS:-}
 export RUSTC_BOOTSTRAP=1
 export CARGO_TERM_COLOR=never
@@ -50,13 +56,15 @@ fi
 
 # One target folder for every fuzz workspace: they share their dependencies' builds (libFuzzer itself above all).
 target_dir="$(pwd)/target/fuzz"
+# The same flags for build and run: cargo fuzz run rebuilds a target built with other ones.
+flags=(-O -a --sanitizer "$sanitizer" --codegen-units "$codegen_units" --target-dir "$target_dir")
 
 summary=()
 for dir in crates/*/fuzz; do
   [ -f "$dir/Cargo.toml" ] || continue
   crate=$(basename "$(dirname "$dir")")
   log "build $crate"
-  (cd "$dir" && cargo fuzz build -O -a --sanitizer "$sanitizer" --target-dir "$target_dir")
+  (cd "$dir" && cargo fuzz build "${flags[@]}")
   [ "${FUZZ_BUILD_ONLY:-}" = 1 ] && continue
   for target in $(cd "$dir" && cargo fuzz list); do
     if [ -n "$only" ] && ! [[ " $only " == *" $target "* ]]; then continue; fi
@@ -66,7 +74,7 @@ for dir in crates/*/fuzz; do
     [ -d "$dir/seeds/$target" ] && seeds+=("$(pwd)/$dir/seeds/$target")
     out=$(mktemp)
     log "run $crate/$target for $what"
-    if (cd "$dir" && cargo fuzz run -O -a --sanitizer "$sanitizer" --target-dir "$target_dir" "$target" "$corpus" "${seeds[@]}" -- \
+    if (cd "$dir" && cargo fuzz run "${flags[@]}" "$target" "$corpus" "${seeds[@]}" -- \
           "${bound[@]}" -timeout=10 -print_final_stats=1) >"$out" 2>&1; then
       runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$out" | grep -Eo '[0-9]+$' || echo '?')
       summary+=("$crate/$target: ok, $runs runs")
@@ -80,7 +88,7 @@ for dir in crates/*/fuzz; do
       if [ -n "$artifact" ]; then
         case "$artifact" in /*) ;; *) artifact="$(pwd)/$dir/$artifact" ;; esac
         echo "reproducer: $artifact" >&2
-        echo "replay:     (cd $dir && RUSTC_BOOTSTRAP=1 cargo fuzz run -O -a --target-dir $target_dir $target $artifact)" >&2
+        echo "replay:     (cd $dir && RUSTC_BOOTSTRAP=1 cargo fuzz run ${flags[*]} $target $artifact)" >&2
       else
         echo "no reproducer was written; full output: $out" >&2
       fi

@@ -14,17 +14,21 @@ log "host dependencies"
 bash scripts/install-deps.sh
 bash scripts/install-test-deps.sh
 
-# The fuzz targets build (release, AddressSanitizer, aws-lc's C code: about 11 minutes on 2 cores) in the
-# background while the E2B SDKs and guest images, mostly downloads, are installed; the fuzz phase finds them built.
+# Two builds run in the background from here on, beside the downloads of the E2B SDKs and the workspace's own
+# builds: the fuzz targets (release, AddressSanitizer, aws-lc's C code) and the guest images (the microVM
+# kernel's compile, ~10 minutes on 2 cores on a machine that has not built it yet, and the root filesystems,
+# mostly downloads). Nothing before the tests needs the images; the fuzz phase finds its targets built.
 mkdir -p target
+# A failed step ends the script: the background builds end with it.
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 FUZZ_BUILD_ONLY=1 bash scripts/fuzz.sh >target/fuzz-build.log 2>&1 &
 fuzz_build=$!
+log "guest images (and the KVM test host's), in the background: target/images-build.log"
+bash images/build.sh --kvm-host >target/images-build.log 2>&1 &
+images_build=$!
 
 log "E2B SDKs (crates/hearth-e2b/tests)"
 bash scripts/install-e2b-test-deps.sh
-
-log "guest images (and the KVM test host's root filesystem)"
-bash images/build.sh --kvm-host
 
 log "format"
 cargo fmt --all -- --check
@@ -34,6 +38,14 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 log "build tests"
 cargo nextest run --workspace --locked --no-run
+
+log "waiting for the guest images"
+if ! wait "$images_build"; then
+    cat target/images-build.log >&2
+    echo "images/build.sh --kvm-host failed (above, and in target/images-build.log)" >&2
+    exit 1
+fi
+cat target/images-build.log >&2
 
 # From here on every phase runs to its end even when an earlier one failed; the script fails if any did.
 failed=()
