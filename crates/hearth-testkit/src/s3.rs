@@ -194,9 +194,17 @@ impl S3Server {
     }
 
     /// Stops the process without closing its socket (SIGSTOP): connections are accepted by the kernel and then
-    /// hang, as on a frozen or overloaded server.
+    /// hang, as on a frozen or overloaded server. Returns once every thread of the server has stopped: kill(2)
+    /// only queues the stop, and until the thread it woke has run, another thread can still answer a request
+    /// (seen in CI, on a loaded machine).
     pub fn freeze(&self) {
         self.signal(libc::SIGSTOP);
+        let pid = self.child.as_ref().expect("the server runs").id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !all_threads_stopped(pid) {
+            assert!(Instant::now() < deadline, "the S3 server did not stop within 10 s of SIGSTOP");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Resumes a frozen server (SIGCONT).
@@ -293,4 +301,17 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Whether every thread of process `pid` is in the stopped state (`T` in `/proc/PID/task/TID/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name, which is in parentheses and may itself hold ") ".
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    })
 }
