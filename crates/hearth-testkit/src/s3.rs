@@ -202,7 +202,10 @@ impl S3Server {
         let pid = self.child.as_ref().expect("the server runs").id();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !all_threads_stopped(pid) {
-            assert!(Instant::now() < deadline, "the S3 server did not stop within 10 s of SIGSTOP");
+            assert!(
+                Instant::now() < deadline,
+                "the S3 server did not stop within 10 s of SIGSTOP"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -311,7 +314,8 @@ fn all_threads_stopped(pid: u32) -> bool {
     tasks.flatten().all(|task| {
         std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
             // The state follows the command name, which is in parentheses and may itself hold ") ".
-            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
         })
     })
 }

@@ -23,7 +23,7 @@ pub mod detect;
 pub mod disk;
 pub mod firecracker;
 pub mod inspect;
-mod log;
+pub mod log;
 mod poll;
 pub mod qemu;
 mod tap;

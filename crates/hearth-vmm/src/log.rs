@@ -11,15 +11,7 @@ const TAIL: u64 = 2048;
 /// The last ~2 KiB of the log at `path`. Only the tail is read (the log may be huge), and control characters
 /// are replaced (a guest's serial output can be in there).
 pub fn tail(path: &Path) -> String {
-    let read_tail = || -> std::io::Result<Vec<u8>> {
-        let mut file = File::open(path)?;
-        let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(TAIL)))?;
-        let mut bytes = Vec::with_capacity(TAIL as usize);
-        file.take(TAIL).read_to_end(&mut bytes)?;
-        Ok(bytes)
-    };
-    let Ok(bytes) = read_tail() else {
+    let Ok(bytes) = last_bytes(path, TAIL) else {
         return "(no log)".into();
     };
     let text: String = String::from_utf8_lossy(&bytes)
@@ -41,6 +33,18 @@ pub fn tail(path: &Path) -> String {
     }
 }
 
+/// At most the last `max` bytes of the file at `path`, whatever its size (a file another party writes, such as a
+/// guest's console, can grow while it is read: what was there at the `stat` bounds the read).
+pub fn last_bytes(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let start = len.saturating_sub(max);
+    file.seek(SeekFrom::Start(start))?;
+    let mut bytes = Vec::with_capacity((len - start) as usize);
+    file.take(max).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +62,15 @@ mod tests {
         assert_eq!(super::tail(&dir.path().join("absent")), "(no log)");
         std::fs::write(&log, "\n \n").expect("write");
         assert_eq!(super::tail(&log), "(empty log)");
+    }
+
+    #[test]
+    fn last_bytes_reads_only_the_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"0123456789").expect("write");
+        assert_eq!(last_bytes(&file, 4).expect("read"), b"6789");
+        assert_eq!(last_bytes(&file, 100).expect("read"), b"0123456789");
+        assert!(last_bytes(&dir.path().join("absent"), 4).is_err());
     }
 }

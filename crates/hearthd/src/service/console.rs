@@ -6,12 +6,7 @@ use super::clip;
 
 /// The last lines of a VM's console log, made printable (the guest writes it: untrusted).
 pub fn console_tail(run_dir: &Path) -> Option<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(run_dir.join("console.log")).ok()?;
-    let len = f.metadata().ok()?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf).ok()?;
+    let buf = hearth_vmm::log::last_bytes(&run_dir.join("console.log"), 4096).ok()?;
     let text = String::from_utf8_lossy(&buf);
     let lines: Vec<String> = text
         .lines()
