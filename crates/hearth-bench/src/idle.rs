@@ -84,6 +84,16 @@ pub fn vmm_memory(id: &str) -> Option<VmmMemory> {
     Some(m)
 }
 
+/// The guest memory file the VMM serving sandbox `id` maps (`<run>/memory`), from its `/proc/PID/maps`.
+pub fn memory_file(id: &str) -> Option<String> {
+    let pid = daemon::vmm_pid(id)?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    maps.lines()
+        .filter_map(|l| mapping_name(l).flatten())
+        .find(|n| n.ends_with("/memory") && n.contains(id))
+        .map(str::to_owned)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Memfile,

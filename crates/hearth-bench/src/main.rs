@@ -540,7 +540,7 @@ async fn run(args: &Args, client: &Client, data_dir: Option<&std::path::Path>) -
 
     // Bytes a re-pause writes, idle and after the guest dirtied some memory.
     let repause = match data_dir {
-        Some(dir) => state::repause_bytes(client, &kept.id, dir, args.dirty_mib).await?,
+        Some(dir) => Some(state::repause_bytes(client, &kept.id, dir, args.dirty_mib).await?),
         None => None,
     };
     // The same pause/resume cycles on a bigger guest.
