@@ -48,6 +48,7 @@ pub mod console;
 mod launch;
 pub mod memory;
 pub mod qmp;
+mod small_pages;
 mod snapshot;
 mod tsc;
 

@@ -189,6 +189,11 @@ async fn boots_minimal_guest_runs_a_command_and_stops() {
         assert_eq!(field("Uid:"), format!("{uid} {uid} {uid} {uid}"), "{status}");
         assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
     }
+    // Guest RAM is the memory file, mapped shared and without QEMU's huge-page advice (`hg`), which would make
+    // the page cache dirty it in 2 MiB folios (hearth_vmm::qemu::small_pages).
+    let flags = memory_file_vm_flags(vm.pid, &vm.run_dir.join("memory"));
+    assert!(flags.contains(&"sh".to_owned()), "{flags:?}");
+    assert!(!flags.contains(&"hg".to_owned()), "{flags:?}");
 
     let log = console(&vm);
     assert!(log.contains("hearth-init: started"), "console:\n{log}");
@@ -653,4 +658,18 @@ async fn pvh_and_bzimage_boots_share_snapshots() {
     bz.stop(&vm).await.expect("stop");
     assert!(!bz.is_alive(&vm));
     guard.vm = None;
+}
+
+/// The `VmFlags` of process `pid`'s mapping of `file` (from `/proc/PID/smaps`).
+fn memory_file_vm_flags(pid: u32, file: &Path) -> Vec<String> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    let name = file.to_str().expect("utf-8 path");
+    let mut lines = smaps.lines().skip_while(|l| !l.ends_with(name));
+    assert!(lines.next().is_some(), "{name} is not mapped:\n{smaps}");
+    lines
+        .find_map(|l| l.strip_prefix("VmFlags:"))
+        .expect("VmFlags")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }

@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
-use super::memory::Machine;
+use super::memory::{self, Machine};
 use super::qmp::Qmp;
+use super::small_pages;
 use super::{QMP_TIMEOUT, QemuVmm, RunFiles, START_TIMEOUT, STOP_STEP, snapshot, vm_uid};
 use crate::tap;
 use crate::{VmHandle, VmSpec, VmmError, VmmKind, process_start_ticks};
@@ -113,6 +114,7 @@ impl QemuVmm {
             },
         };
         let cgroup_fds: Vec<i32> = cgroup.iter().map(AsRawFd::as_raw_fd).collect();
+        let small_pages = (!memory::feature_off(small_pages::FEATURE)).then(small_pages::SmallPages::new);
         let mut cmd = std::process::Command::new(&self.binary);
         cmd.args(&args)
             .current_dir(&spec.run_dir)
@@ -121,8 +123,8 @@ impl QemuVmm {
             .stderr(Stdio::from(log2));
         // The tap descriptor is close-on-exec like every descriptor here; the child alone clears that flag
         // (after the fork), so no other process spawned meanwhile inherits it.
-        // SAFETY: runs in the forked child before exec; setsid(2), write(2) and fcntl(2) are async-signal-safe,
-        // nothing is allocated, and the descriptors were opened by the parent and stay open until after spawn.
+        // SAFETY: runs in the forked child before exec; setsid(2), write(2), fcntl(2) and prctl(2) are
+        // async-signal-safe, nothing is allocated (the filter program was built before the fork), and the descriptors were opened by the parent and stay open until after spawn.
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -136,6 +138,10 @@ impl QemuVmm {
                     && libc::fcntl(fd, libc::F_SETFD, 0) < 0
                 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // Last: the filter applies to everything after it.
+                if let Some(filter) = &small_pages {
+                    filter.install()?;
                 }
                 Ok(())
             });

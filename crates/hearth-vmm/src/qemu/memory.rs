@@ -52,10 +52,11 @@ pub fn current_features() -> Vec<String> {
     Machine::fresh(Path::new("")).features()
 }
 
-/// Whether `HEARTH_QEMU_FEATURES_OFF` (comma-separated feature names; `balloon` and `serial2` are honoured)
-/// turns `feature` off for fresh boots, so that a benchmark can compare machines with and without it side by
-/// side. Snapshots record what their machine had, so restores are not affected.
-fn feature_off(feature: &str) -> bool {
+/// Whether `HEARTH_QEMU_FEATURES_OFF` (comma-separated feature names) turns `feature` off, so that a benchmark
+/// can compare with and without it side by side. `balloon` and `serial2` change the machine of fresh boots
+/// (snapshots record what their machine had, so restores are not affected); `small-pages`
+/// ([`super::small_pages`]) applies to every QEMU launched.
+pub(super) fn feature_off(feature: &str) -> bool {
     static OFF: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     OFF.get_or_init(|| {
         std::env::var("HEARTH_QEMU_FEATURES_OFF")
