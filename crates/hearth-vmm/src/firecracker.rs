@@ -73,6 +73,14 @@ pub const DISK_LINK: &str = "rootfs.disk";
 const VSOCK_RESET_MARK: &str = "vsock.reset-pending";
 const JAIL_DIR: &str = "jail";
 
+/// Comma-separated features of this driver to leave out, so that a benchmark can compare with and without
+/// them side by side. Only [`FEATURE_BOOT_DIFF`] so far.
+pub const FEATURES_OFF_VAR: &str = "HEARTH_FIRECRACKER_FEATURES_OFF";
+/// A jailed VM boots with dirty-page tracking and its first pause is a diff snapshot into an empty file:
+/// what the guest (and Firecracker, loading the kernel) wrote since the boot, instead of all of guest memory
+/// (`snapshot` module doc). Off: the first pause after a boot writes a full snapshot.
+pub const FEATURE_BOOT_DIFF: &str = "boot-diff";
+
 /// Guest vsock port the agent listens on, and the guest's context id.
 pub const AGENT_VSOCK_PORT: u32 = 1024;
 pub const GUEST_CID: u32 = 3;
@@ -403,18 +411,20 @@ impl FirecrackerVmm {
         (exe_ok && named).then_some(Ok(ProcessId { pid, start_ticks }))
     }
 
-    /// Everything after the API socket is up: machine, boot source, disk, vsock, NIC, entropy, start.
+    /// Everything after the API socket is up: machine (with dirty-page tracking from the boot on when
+    /// `track`), boot source, disk, vsock, NIC, entropy, start.
     async fn configure(
         &self,
         api: &ApiClient,
         spec: &VmSpec,
         paths: &GuestPaths,
+        track: bool,
     ) -> Result<(), api::ApiError> {
         api.put_machine_config(api::MachineConfig {
             vcpu_count: spec.vcpus,
             mem_size_mib: spec.memory_mib,
             smt: None,
-            track_dirty_pages: None,
+            track_dirty_pages: track.then_some(true),
         })
         .await?;
         api.put_boot_source(api::BootSource {
@@ -718,11 +728,22 @@ impl Vmm for FirecrackerVmm {
     }
 
     async fn start(&self, spec: &VmSpec) -> Result<VmHandle, VmmError> {
+        // A jailed VM tracks the pages written from its boot on, so its first pause writes only those.
+        let boot_diff = self.jailer.is_some() && !crate::feature_off(FEATURES_OFF_VAR, FEATURE_BOOT_DIFF);
         let launched = self.launch(spec).await?;
-        if let Err(e) = self.configure(&launched.api, spec, &launched.paths).await {
+        if let Err(e) = self
+            .configure(&launched.api, spec, &launched.paths, boot_diff)
+            .await
+        {
             return Err(self.abort(spec, launched.proc_id, api_error(&spec.id, &e)).await);
         }
-        self.finish(spec, &launched, "started").await
+        let vm = self.finish(spec, &launched, "started").await?;
+        if boot_diff {
+            self.record_boot_diff_base(&spec.run_dir);
+        } else {
+            Self::forget_diff_base(&spec.run_dir);
+        }
+        Ok(vm)
     }
 
     async fn capture_disk(

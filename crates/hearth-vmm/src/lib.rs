@@ -447,6 +447,15 @@ pub trait Vmm: Send + Sync {
     }
 }
 
+/// Whether the environment variable `var` (comma-separated feature names, e.g. `HEARTH_QEMU_FEATURES_OFF`)
+/// turns a driver's `feature` off, so that a benchmark can compare with and without it side by side.
+pub(crate) fn feature_off(var: &str, feature: &str) -> bool {
+    std::env::var(var)
+        .unwrap_or_default()
+        .split(',')
+        .any(|f| f.trim() == feature)
+}
+
 /// Reads the start time (clock ticks since boot) of a process, for pid-reuse checks.
 pub fn process_start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -124,7 +124,8 @@ impl QemuVmm {
         // The tap descriptor is close-on-exec like every descriptor here; the child alone clears that flag
         // (after the fork), so no other process spawned meanwhile inherits it.
         // SAFETY: runs in the forked child before exec; setsid(2), write(2), fcntl(2) and prctl(2) are
-        // async-signal-safe, nothing is allocated (the filter program was built before the fork), and the descriptors were opened by the parent and stay open until after spawn.
+        // async-signal-safe, nothing is allocated (the filter program was built before the fork), and the
+        // descriptors were opened by the parent and stay open until after spawn.
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;

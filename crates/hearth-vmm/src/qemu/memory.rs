@@ -57,17 +57,7 @@ pub fn current_features() -> Vec<String> {
 /// (snapshots record what their machine had, so restores are not affected); `small-pages`
 /// ([`super::small_pages`]) applies to every QEMU launched.
 pub(super) fn feature_off(feature: &str) -> bool {
-    static OFF: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    OFF.get_or_init(|| {
-        std::env::var("HEARTH_QEMU_FEATURES_OFF")
-            .unwrap_or_default()
-            .split(',')
-            .map(|f| f.trim().to_owned())
-            .filter(|f| !f.is_empty())
-            .collect()
-    })
-    .iter()
-    .any(|f| f == feature)
+    crate::feature_off("HEARTH_QEMU_FEATURES_OFF", feature)
 }
 
 /// How a launch maps guest RAM.
