@@ -3,5 +3,5 @@
 # Extra arguments go to hearth-bench (e.g. --creates 10 --template debian). Prints a Markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p hearthd -p hearth-bench >&2
+cargo build --release --locked -p hearthd -p hearth-cli -p hearth-bench >&2
 exec target/release/hearth-bench "$@"

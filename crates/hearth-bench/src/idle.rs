@@ -51,7 +51,7 @@ pub fn vmm_memory(id: &str) -> Option<VmmMemory> {
     for line in smaps.lines() {
         if let Some(name) = mapping_name(line) {
             kind = match name {
-                Some(n) if n.ends_with("/memory") && n.contains(id) => {
+                Some(n) if is_memory_file(n, id) => {
                     memfile = Some(n.to_owned());
                     Kind::Memfile
                 }
@@ -90,8 +90,13 @@ pub fn memory_file(id: &str) -> Option<String> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
     maps.lines()
         .filter_map(|l| mapping_name(l).flatten())
-        .find(|n| n.ends_with("/memory") && n.contains(id))
+        .find(|n| is_memory_file(n, id))
         .map(str::to_owned)
+}
+
+/// Whether a mapping's file name is the guest memory file of sandbox `id` (`<run>/memory`).
+fn is_memory_file(name: &str, id: &str) -> bool {
+    name.ends_with("/memory") && name.contains(id)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,8 @@
 //! (jailed, as by default) and then with `--vmm qemu` (QEMU with KVM), each on a fresh data directory, through
 //! the same scenarios. Two levels of virtualization under software emulation make every figure slow: only
 //! the ratios between the two VMMs, measured in the same run, mean something (docs/benchmarks.md).
+//! `--kvm-firecracker-env KEY=VALUE` adds a third setup, Firecracker again with that environment in L1's
+//! hearthd (e.g. `HEARTH_FIRECRACKER_FEATURES_OFF=boot-diff`), for an A/B of a driver feature in the same run.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -23,14 +25,21 @@ pub struct KvmArgs {
     pub memory_mib: u32,
     /// `hearthd` and `hearth` to put into L1 (default: next to this binary).
     pub bins: PathBuf,
+    /// `KEY=VALUE` for a third setup: Firecracker with this environment (none: no third setup).
+    pub firecracker_env: Vec<(String, String)>,
+    /// Times every setup is measured: the order of setups is reversed every other round, so that a drift
+    /// of the machine over the run does not favour the setup measured first.
+    pub rounds: usize,
 }
 
 /// One VMM's samples.
 #[derive(Debug, Default)]
 struct Measured {
     first_cmd: Samples,
-    /// The first pause after the cold boot.
+    /// The first pause after the cold boot (of every created sandbox).
     pause: Samples,
+    /// MiB allocated by the guest memory file after each first pause.
+    pause_mib: Vec<f64>,
     /// Pauses after a resume (Firecracker: a diff snapshot into the memory file it resumed from).
     repause: Samples,
     resume: Samples,
@@ -39,41 +48,125 @@ struct Measured {
     template_create: Samples,
 }
 
-const VMMS: [&str; 2] = ["firecracker", "qemu"];
+impl Measured {
+    fn merge(&mut self, other: Measured) {
+        for (mine, theirs) in [
+            (&mut self.first_cmd, other.first_cmd),
+            (&mut self.pause, other.pause),
+            (&mut self.repause, other.repause),
+            (&mut self.resume, other.resume),
+            (&mut self.fork4, other.fork4),
+            (&mut self.template_save, other.template_save),
+            (&mut self.template_create, other.template_create),
+        ] {
+            mine.extend(&theirs);
+        }
+        self.pause_mib.extend(other.pause_mib);
+    }
+}
 
-/// Boots the KVM test host and measures both VMMs in it; returns the comparison rows.
+/// One hearthd in L1: a label for the table, its VMM and extra environment.
+struct Setup {
+    label: String,
+    vmm: &'static str,
+    env: Vec<(String, String)>,
+}
+
+fn setups(args: &KvmArgs) -> Vec<Setup> {
+    let plain = |label: &str, vmm| Setup {
+        label: label.into(),
+        vmm,
+        env: Vec::new(),
+    };
+    let mut all = vec![
+        plain("Firecracker (jailed)", "firecracker"),
+        plain("QEMU+KVM", "qemu"),
+    ];
+    if !args.firecracker_env.is_empty() {
+        let kv: Vec<String> = args
+            .firecracker_env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        all.push(Setup {
+            label: format!("Firecracker with {}", kv.join(" ")),
+            vmm: "firecracker",
+            env: args.firecracker_env.clone(),
+        });
+    }
+    all
+}
+
+/// Boots the KVM test host and measures every setup in it; returns the comparison rows.
 pub async fn rows(args: &KvmArgs) -> Result<Vec<Row>> {
     let t = Instant::now();
     let mut host = KvmHost::boot(KvmHostOptions::new().bins(&args.bins)).await;
     eprintln!("hearth-bench: KVM test host up in {:.1?}", t.elapsed());
-    let mut measured = Vec::new();
-    for vmm in VMMS {
-        let d = host.start_hearthd(&L1HearthdOptions::new().vmm(vmm)).await;
-        let client = Client::new(&d.url, d.key.clone())?;
-        let system = client.system().await.context("GET /v1/system in L1")?;
-        eprintln!(
-            "hearth-bench: in L1, {} ({}) - {}",
-            system.vmm, system.accel, system.vmm_reason
-        );
-        anyhow::ensure!(
-            system.vmm == vmm && system.accel == "kvm",
-            "hearthd in L1 runs {} ({}), not {vmm} with KVM",
-            system.vmm,
-            system.accel
-        );
-        let m = measure(&client, args)
-            .await
-            .with_context(|| format!("{vmm} in L1"));
-        host.stop_hearthd().await;
-        // The next VMM starts from nothing: no sandbox, snapshot or template of this one.
-        host.sh(
-            "for p in /proc/[0-9]*; do case \"$(readlink $p/exe 2>/dev/null)\" in \
-                 */qemu-system-*|/firecracker|*/firecracker) kill -9 ${p#/proc/};; esac; done; rm -rf /hearth/data",
-        )
-        .await;
-        measured.push(m?);
+    let setups = setups(args);
+    let mut measured: Vec<Measured> = setups.iter().map(|_| Measured::default()).collect();
+    for round in 0..args.rounds.max(1) {
+        let mut order: Vec<usize> = (0..setups.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let m = measure_setup(&mut host, &setups[i], args).await?;
+            measured[i].merge(m);
+        }
     }
-    Ok(compare(&measured[0], &measured[1], args))
+    Ok(compare(&setups, &measured, args))
+}
+
+/// Starts hearthd in L1 for `setup` on a fresh data directory, measures it, and stops it.
+async fn measure_setup(host: &mut KvmHost, setup: &Setup, args: &KvmArgs) -> Result<Measured> {
+    let mut opts = L1HearthdOptions::new().vmm(setup.vmm);
+    for (k, v) in &setup.env {
+        opts = opts.env(k, v);
+    }
+    let d = host.start_hearthd(&opts).await;
+    let client = Client::new(&d.url, d.key.clone())?;
+    let system = client.system().await.context("GET /v1/system in L1")?;
+    eprintln!(
+        "hearth-bench: in L1, {} ({}) - {}",
+        system.vmm, system.accel, system.vmm_reason
+    );
+    anyhow::ensure!(
+        system.vmm == setup.vmm && system.accel == "kvm",
+        "hearthd in L1 runs {} ({}), not {} with KVM",
+        system.vmm,
+        system.accel,
+        setup.vmm
+    );
+    let m = measure(host, &client, args)
+        .await
+        .with_context(|| setup.label.clone());
+    host.stop_hearthd().await;
+    // The next setup starts from nothing: no sandbox, snapshot or template of this one.
+    host.sh(
+        "for p in /proc/[0-9]*; do case \"$(readlink $p/exe 2>/dev/null)\" in \
+             */qemu-system-*|/firecracker|*/firecracker) kill -9 ${p#/proc/};; esac; done; rm -rf /hearth/data",
+    )
+    .await;
+    m
+}
+
+/// MiB allocated on L1's disk by the guest memory file of paused sandbox `id` (Firecracker's `vm.mem` of the
+/// pause, QEMU's `memory` file).
+async fn memory_file_mib(host: &KvmHost, id: &str) -> Result<f64> {
+    let out = host
+        .sh(&format!(
+            "find /hearth/data/sandboxes/{id} -type f \\( -name vm.mem -o -name memory \\) -exec stat -c '%b %B' {{}} +"
+        ))
+        .await;
+    let bytes: u64 = out
+        .lines()
+        .filter_map(|l| {
+            let (blocks, size) = l.split_once(' ')?;
+            Some(blocks.parse::<u64>().ok()? * size.trim().parse::<u64>().ok()?)
+        })
+        .sum();
+    anyhow::ensure!(bytes > 0, "no guest memory file of {id} in L1: {out:?}");
+    Ok(bytes as f64 / (1 << 20) as f64)
 }
 
 fn create_request(args: &KvmArgs, template: &str) -> CreateSandboxRequest {
@@ -108,12 +201,43 @@ async fn create_to_first(client: &Client, args: &KvmArgs, template: &str) -> Res
     Ok((sbx.id, t.elapsed()))
 }
 
-async fn measure(client: &Client, args: &KvmArgs) -> Result<Measured> {
+/// Something to save: 16 MiB written in guest memory (a tmpfs file rewritten).
+async fn dirty(client: &Client, id: &str) -> Result<()> {
+    let dirty = "mkdir -p /mnt/b && (grep -q ' /mnt/b ' /proc/mounts || mount -t tmpfs tmpfs /mnt/b) && \
+                 dd if=/dev/urandom of=/mnt/b/f bs=1M count=16 2>/dev/null";
+    let r = client
+        .run_command(
+            id,
+            &RunCommandRequest {
+                cmd: Some(dirty.into()),
+                ..Default::default()
+            },
+        )
+        .await?;
+    anyhow::ensure!(r.exit_code == 0, "dirtying guest memory: {r:?}");
+    Ok(())
+}
+
+/// Resumes `id` and runs its first command; returns the time to that result.
+async fn resume_to_first(client: &Client, id: &str) -> Result<Duration> {
+    let t = Instant::now();
+    client.resume_sandbox(id).await.context("resume")?;
+    first_command(client, id).await?;
+    Ok(t.elapsed())
+}
+
+async fn measure(host: &KvmHost, client: &Client, args: &KvmArgs) -> Result<Measured> {
     let mut m = Measured::default();
     let mut kept = None;
+    // Every created sandbox: its first command, then (16 MiB written) its first pause.
     for i in 0..args.creates.max(1) {
         let (id, took) = create_to_first(client, args, "minimal").await.context("create")?;
         m.first_cmd.push(took);
+        dirty(client, &id).await?;
+        let t = Instant::now();
+        client.pause_sandbox(&id).await.context("first pause")?;
+        m.pause.push(t.elapsed());
+        m.pause_mib.push(memory_file_mib(host, &id).await?);
         if i + 1 < args.creates {
             client.delete_sandbox(&id).await?;
         } else {
@@ -121,32 +245,14 @@ async fn measure(client: &Client, args: &KvmArgs) -> Result<Measured> {
         }
     }
     let kept = kept.context("no sandbox")?;
-    for cycle in 0..args.pause_cycles {
-        // Something to save: 16 MiB written in guest memory since the last resume (a tmpfs file rewritten).
-        let dirty = "mkdir -p /mnt/b && (grep -q ' /mnt/b ' /proc/mounts || mount -t tmpfs tmpfs /mnt/b) && \
-                     dd if=/dev/urandom of=/mnt/b/f bs=1M count=16 2>/dev/null";
-        let r = client
-            .run_command(
-                &kept,
-                &RunCommandRequest {
-                    cmd: Some(dirty.into()),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        anyhow::ensure!(r.exit_code == 0, "dirtying guest memory: {r:?}");
+    for _ in 0..args.pause_cycles {
+        m.resume.push(resume_to_first(client, &kept).await?);
+        dirty(client, &kept).await?;
         let t = Instant::now();
-        client.pause_sandbox(&kept).await.context("pause")?;
-        if cycle == 0 {
-            m.pause.push(t.elapsed());
-        } else {
-            m.repause.push(t.elapsed());
-        }
-        let t = Instant::now();
-        client.resume_sandbox(&kept).await.context("resume")?;
-        first_command(client, &kept).await?;
-        m.resume.push(t.elapsed());
+        client.pause_sandbox(&kept).await.context("re-pause")?;
+        m.repause.push(t.elapsed());
     }
+    m.resume.push(resume_to_first(client, &kept).await?);
     let t = Instant::now();
     let fork = client.fork_sandbox(&kept, 4).await.context("fork into 4")?;
     for child in &fork.sandboxes {
@@ -181,49 +287,64 @@ async fn measure(client: &Client, args: &KvmArgs) -> Result<Measured> {
     Ok(m)
 }
 
-/// One row per scenario: both VMMs' medians and their ratio.
-fn compare(fc: &Measured, qemu: &Measured, args: &KvmArgs) -> Vec<Row> {
-    let pairs: [(&str, &Samples, &Samples); 7] = [
-        ("create -> first command", &fc.first_cmd, &qemu.first_cmd),
+/// One row per scenario: every setup's median, and its ratio to the first setup's.
+fn compare(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec<Row> {
+    type Pick = fn(&Measured) -> &Samples;
+    let scenarios: [(&str, Pick); 7] = [
+        ("create -> first command", |m| &m.first_cmd),
         (
             "first pause after the boot (memory + devices to disk, VMM exits)",
-            &fc.pause,
-            &qemu.pause,
+            |m| &m.pause,
         ),
         (
             "re-pause after a resume, 16 MiB dirtied (Firecracker: diff into the resumed file)",
-            &fc.repause,
-            &qemu.repause,
+            |m| &m.repause,
         ),
-        ("resume -> first command", &fc.resume, &qemu.resume),
-        (
-            "fork into 4 -> each child's first command",
-            &fc.fork4,
-            &qemu.fork4,
-        ),
-        (
-            "save a template with memory",
-            &fc.template_save,
-            &qemu.template_save,
-        ),
-        (
-            "create from the memory template -> first command",
-            &fc.template_create,
-            &qemu.template_create,
-        ),
+        ("resume -> first command", |m| &m.resume),
+        ("fork into 4 -> each child's first command", |m| &m.fork4),
+        ("save a template with memory", |m| &m.template_save),
+        ("create from the memory template -> first command", |m| {
+            &m.template_create
+        }),
     ];
+    let labels: Vec<&str> = setups.iter().map(|s| s.label.as_str()).collect();
     let mut rows = vec![Row::value(
-        "in L1 (nested, under TCG): Firecracker (jailed) / QEMU+KVM, p50",
-        format!("{} MiB guests, 1 vCPU", args.memory_mib),
+        &format!("in L1 (nested, under TCG): {}, p50", labels.join(" / ")),
+        format!(
+            "{} MiB guests, 1 vCPU, {} round(s)",
+            args.memory_mib,
+            args.rounds.max(1)
+        ),
     )];
-    for (name, a, b) in pairs {
-        let (pa, pb) = (a.p50().as_secs_f64(), b.p50().as_secs_f64());
+    for (name, pick) in scenarios {
+        let samples: Vec<&Samples> = measured.iter().map(pick).collect();
+        let secs: Vec<f64> = samples.iter().map(|s| s.p50().as_secs_f64()).collect();
+        let times: Vec<String> = secs.iter().map(|s| format!("{s:.1} s")).collect();
+        let ratios: Vec<String> = secs[1..]
+            .iter()
+            .map(|s| format!("{:.2}x", secs[0] / s.max(1e-9)))
+            .collect();
         rows.push(Row::value_with(
             name,
-            a.len().min(b.len()),
-            format!("{pa:.1} s / {pb:.1} s = {:.2}x", pa / pb.max(1e-9)),
+            samples.iter().map(|s| s.len()).min().unwrap_or(0),
+            format!("{} = {}", times.join(" / "), ratios.join(" / ")),
             String::new(),
         ));
     }
+    let mib: Vec<String> = measured
+        .iter()
+        .map(|m| {
+            let mut v = m.pause_mib.clone();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len().saturating_sub(1) / 2)
+                .map_or("-".into(), |x| format!("{x:.0}"))
+        })
+        .collect();
+    rows.push(Row::value_with(
+        "first pause: guest memory file allocated on disk (MiB)",
+        measured.iter().map(|m| m.pause_mib.len()).min().unwrap_or(0),
+        mib.join(" / "),
+        String::new(),
+    ));
     rows
 }

@@ -54,7 +54,8 @@ struct Args {
     /// Sandboxes created at once in the concurrency scenario.
     #[arg(long, default_value_t = 4)]
     concurrent: usize,
-    /// Pause/resume cycles to measure.
+    /// Pause/resume cycles to measure (`--kvm-host`: re-pauses after a resume, besides each created
+    /// sandbox's first pause).
     #[arg(long, default_value_t = 3)]
     pause_cycles: usize,
     /// Creates from a template with memory, each next to a cold create (same run, alternating).
@@ -123,6 +124,13 @@ struct Args {
     /// template with memory. Uses --creates, --pause-cycles, --template-creates and --memory-mib.
     #[arg(long, conflicts_with_all = ["only_net", "external", "only_boot", "only_mounts"])]
     kvm_host: bool,
+    /// `KEY=VALUE` (repeatable) for a third setup of `--kvm-host`: Firecracker again, with this environment in
+    /// L1's hearthd (e.g. `HEARTH_FIRECRACKER_FEATURES_OFF=boot-diff`), measured in the same run.
+    #[arg(long, requires = "kvm_host")]
+    kvm_firecracker_env: Vec<String>,
+    /// Rounds of `--kvm-host` (every other one measures the setups in reverse order).
+    #[arg(long, default_value_t = 1, requires = "kvm_host")]
+    kvm_rounds: usize,
     /// Only the abuse rows: a neighbour's `true` latency (p50, p99) with nothing beside it and during a CPU
     /// spinner, memory hog, fork bomb and disk fill in another sandbox (template `--template`, `--memory-mib`).
     #[arg(long, conflicts_with_all = ["only_net", "only_boot", "only_mounts", "kvm_host"])]
@@ -156,6 +164,18 @@ struct Args {
     idle_compare_env: Vec<String>,
 }
 
+/// The `KEY=VALUE` words of `flag`, split.
+fn key_values(flag: &str, words: &[String]) -> Result<Vec<(String, String)>> {
+    words
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .with_context(|| format!("{flag} {kv:?}: expected KEY=VALUE"))
+        })
+        .collect()
+}
+
 fn parse_kernel(s: &str) -> Result<KernelChoice, String> {
     KernelChoice::parse(s).ok_or_else(|| format!("{s:?}: expected bzimage, pvh or auto"))
 }
@@ -177,6 +197,8 @@ async fn main() -> Result<()> {
             template_creates: args.template_creates,
             memory_mib: args.memory_mib,
             bins,
+            firecracker_env: key_values("--kvm-firecracker-env", &args.kvm_firecracker_env)?,
+            rounds: args.kvm_rounds,
         };
         let rows = kvm::rows(&kvm_args).await?;
         println!(
@@ -356,13 +378,7 @@ async fn only_idle(args: &Args) -> Result<()> {
     };
     let mut setups = vec![("default".to_owned(), Vec::new())];
     if !args.idle_compare_env.is_empty() {
-        let mut env = Vec::new();
-        for kv in &args.idle_compare_env {
-            let (k, v) = kv
-                .split_once('=')
-                .with_context(|| format!("--idle-compare-env {kv:?}: expected KEY=VALUE"))?;
-            env.push((k.to_owned(), v.to_owned()));
-        }
+        let env = key_values("--idle-compare-env", &args.idle_compare_env)?;
         setups.push((args.idle_compare_env.join(" "), env));
     }
     let off = ["--network".to_owned(), "off".to_owned()];

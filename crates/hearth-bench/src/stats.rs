@@ -33,6 +33,10 @@ impl Samples {
     pub fn len(&self) -> usize {
         self.0.len()
     }
+
+    pub fn extend(&mut self, other: &Samples) {
+        self.0.extend_from_slice(&other.0);
+    }
 }
 
 pub struct Row {
