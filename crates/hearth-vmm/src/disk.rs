@@ -236,7 +236,9 @@ pub async fn copy_raw(src: &Path, dest: &Path) -> Result<(), crate::VmmError> {
         .map_err(|e| disk_err(format!("copying {}: {e}", src.display())))
 }
 
-fn clone_or_copy(from: &File, to: &File) -> io::Result<CopyMethod> {
+/// Copies all of `from` into `to` (which must be empty): a reflink where the file system shares extents, else
+/// only the data extents, so holes stay holes. Blocking.
+pub(crate) fn clone_or_copy(from: &File, to: &File) -> io::Result<CopyMethod> {
     // SAFETY: FICLONE takes the source descriptor as its argument; both descriptors are open for the call.
     let cloned = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) };
     if cloned == 0 {

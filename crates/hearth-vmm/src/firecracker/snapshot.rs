@@ -31,8 +31,12 @@
 //! own (the kernel and initramfs it loads, boot tables, virtio rings), so the diff of everything since the
 //! boot laid over an empty file of guest memory's size (sparse: holes read as zeros) is the whole memory, as
 //! Firecracker's snapshot documentation describes for a fresh microVM. A 2 GiB guest that touched 150 MiB
-//! pauses by writing 150 MiB, not 2 GiB. A checkpoint (fork, template) before the first pause is a full
-//! snapshot and uses the record up, as does any failure.
+//! pauses by writing 150 MiB, not 2 GiB.
+//!
+//! A checkpoint (fork, template) of a VM with a diff base (laid at the boot, or recorded at its resume) is a
+//! diff too, laid over a sparse copy of the base (its data extents only) at the jail's output name, then
+//! taken out like a full snapshot: it writes the memory the guest touched, never all of it. The snapshot
+//! resets Firecracker's dirty bitmap, so it uses the base up and the VM's next pause is full.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -138,7 +142,7 @@ impl FirecrackerVmm {
             let started = std::time::Instant::now();
             // An empty base is the one laid at the boot (see the module doc).
             let since_boot = base.metadata().is_ok_and(|m| m.len() == 0);
-            match self.create_diff_snapshot(vm, files, base).await {
+            match self.create_diff_snapshot(vm, files, base, JAILED_MEMORY).await {
                 Ok(allocated) => {
                     let ms = started.elapsed().as_millis() as u64;
                     if since_boot {
@@ -194,65 +198,56 @@ impl FirecrackerVmm {
         file
     }
 
-    /// `PUT /snapshot/create` of type Diff inside the jail, written by Firecracker into `base` itself (the
-    /// file its guest memory maps: Firecracker merges a diff into an existing memory file of the right size,
-    /// writing only the dirty pages, which its private mapping has already copied). For that call the file
+    /// `PUT /snapshot/create` of type Diff inside the jail, written by Firecracker into `target`, the file at
+    /// `name` in the jail: the VM's diff base itself for a pause (the file its guest memory maps: Firecracker
+    /// merges a diff into an existing memory file of the right size, writing only the dirty pages, which its
+    /// private mapping has already copied), a sparse copy of it for a checkpoint. For that call the file
     /// belongs to the jail's uid; then it is root's and read-only again, and linked to `files.memory`; the
     /// state file is taken out to `files.state`. Returns the memory file's allocated bytes.
     async fn create_diff_snapshot(
         &self,
         vm: &VmHandle,
         files: &SnapshotFiles,
-        base: std::fs::File,
+        target: std::fs::File,
+        name: &str,
     ) -> Result<u64, VmmError> {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let root = self.jail_root(&vm.run_dir).ok_or_else(|| VmmError::Snapshot {
-            path: vm.run_dir.clone(),
-            detail: "diff snapshots need the jail".into(),
-        })?;
-        // The jail's `run/` directory is made for the jail's uid and gid (never root's).
-        let run = root.join("run");
-        let owner = std::fs::symlink_metadata(&run).map_err(io_at(&run))?;
-        if owner.uid() == 0 || !owner.is_dir() {
-            return Err(VmmError::Snapshot {
-                path: run,
-                detail: "the jail's run directory does not belong to the jail's uid".into(),
-            });
-        }
-        let base_path = root.join(&JAILED_MEMORY[1..]);
+        let root = self.diff_jail_root(vm)?;
+        let (uid, gid) = jail_owner(&root)?;
+        let target_path = root.join(&name[1..]);
         let give_back = |file: &std::fs::File| {
             std::os::unix::fs::fchown(file, Some(0), Some(0))
                 .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(SNAPSHOT_FILE_MODE)))
-                .map_err(io_at(&base_path))
+                .map_err(io_at(&target_path))
         };
-        let handed = std::os::unix::fs::fchown(&base, Some(owner.uid()), Some(owner.gid()))
-            .and_then(|()| base.set_permissions(std::fs::Permissions::from_mode(0o600)));
+        let handed = std::os::unix::fs::fchown(&target, Some(uid), Some(gid))
+            .and_then(|()| target.set_permissions(std::fs::Permissions::from_mode(0o600)));
         if let Err(e) = handed {
-            give_back(&base)?;
-            return Err(io_at(&base_path)(e));
+            give_back(&target)?;
+            return Err(io_at(&target_path)(e));
         }
         let req = api::SnapshotCreate {
             snapshot_type: api::SnapshotType::Diff,
             snapshot_path: JAILED_STATE_OUT.into(),
-            mem_file_path: JAILED_MEMORY.into(),
+            mem_file_path: name.into(),
         };
         let created = self
             .api(&vm.run_dir)
             .create_snapshot(req)
             .await
             .map_err(|e| Self::vm_api_error(vm, &e));
-        let result = give_back(&base)
+        let result = give_back(&target)
             .and(created)
             .and_then(|()| take_out(&root, &JAILED_STATE_OUT[1..], &files.state))
             .and_then(|()| {
-                let meta = base.metadata().map_err(io_at(&base_path))?;
+                let meta = target.metadata().map_err(io_at(&target_path))?;
                 if meta.nlink() != 1 {
                     return Err(VmmError::Snapshot {
-                        path: base_path.clone(),
+                        path: target_path.clone(),
                         detail: "the memory file got another name during the snapshot".into(),
                     });
                 }
-                link_out(&base, &files.memory)?;
+                link_out(&target, &files.memory)?;
                 Ok(meta.blocks() * 512)
             });
         let _ = std::fs::remove_file(root.join(&JAILED_STATE_OUT[1..]));
@@ -261,6 +256,70 @@ impl FirecrackerVmm {
             let _ = std::fs::remove_file(&files.memory);
         }
         result
+    }
+
+    /// Writes the snapshot of a checkpoint (the VM is paused, and runs on afterwards) to `files`. A VM with a
+    /// diff base gets a diff laid over a sparse copy of that base (the boot's empty file, or the memory file
+    /// it resumed from; only its data extents are copied): the checkpoint costs the memory the guest touched,
+    /// not its size, and never reads the holes of its memory. Otherwise, or if that fails, a full snapshot.
+    /// Either way the base is used up: the snapshot resets Firecracker's dirty bitmap, which a later diff
+    /// over the base would need (the next pause is full).
+    pub(super) async fn create_checkpoint_snapshot(
+        &self,
+        vm: &VmHandle,
+        files: &SnapshotFiles,
+    ) -> Result<(), VmmError> {
+        if let Some(base) = self.take_diff_base(vm) {
+            let started = std::time::Instant::now();
+            match self.create_diff_checkpoint(vm, files, base).await {
+                Ok(allocated) => {
+                    tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms = started.elapsed().as_millis() as u64,
+                        "firecracker checkpoint: diff snapshot laid over a copy of the VM's diff base");
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(vm = %vm.run_dir.display(), error = %e, "diff checkpoint failed; writing a full one");
+                }
+            }
+        }
+        self.create_snapshot(vm, files).await
+    }
+
+    /// [`Self::create_checkpoint_snapshot`] with a base: copies its data extents into a new root-owned file at
+    /// the jail's snapshot output name, then lays the diff over that copy.
+    async fn create_diff_checkpoint(
+        &self,
+        vm: &VmHandle,
+        files: &SnapshotFiles,
+        base: std::fs::File,
+    ) -> Result<u64, VmmError> {
+        let root = self.diff_jail_root(vm)?;
+        let out_path = root.join(&JAILED_MEMORY_OUT[1..]);
+        // Left by an interrupted attempt (unlinking a name in the chroot never follows a symlink).
+        let _ = std::fs::remove_file(&out_path);
+        let out = create_empty_beneath(&root, &JAILED_MEMORY_OUT[1..])?;
+        let copy_to = out.try_clone().map_err(io_at(&out_path))?;
+        let copied = tokio::task::spawn_blocking(move || crate::disk::clone_or_copy(&base, &copy_to))
+            .await
+            .map_err(|e| VmmError::Snapshot {
+                path: out_path.clone(),
+                detail: format!("copy task: {e}"),
+            })
+            .and_then(|r| r.map_err(io_at(&out_path)));
+        let result = match copied {
+            Ok(_) => self.create_diff_snapshot(vm, files, out, JAILED_MEMORY_OUT).await,
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&out_path);
+        result
+    }
+
+    /// The jail of `vm`, for a diff snapshot.
+    fn diff_jail_root(&self, vm: &VmHandle) -> Result<PathBuf, VmmError> {
+        self.jail_root(&vm.run_dir).ok_or_else(|| VmmError::Snapshot {
+            path: vm.run_dir.clone(),
+            detail: "diff snapshots need the jail".into(),
+        })
     }
 
     /// Starts a fresh Firecracker process for `spec` and loads `files` into it instead of booting. The disk
@@ -369,6 +428,20 @@ fn diff_base_in(run_dir: &Path, root: &Path) -> Option<std::fs::File> {
 fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
     let file = open_private(root, name, nix::fcntl::OFlag::O_RDONLY)?;
     link_out(&file, dest)
+}
+
+/// The uid and gid of the jail `root`: those its `run/` directory was made for (never root's).
+fn jail_owner(root: &Path) -> Result<(u32, u32), VmmError> {
+    use std::os::unix::fs::MetadataExt;
+    let run = root.join("run");
+    let owner = std::fs::symlink_metadata(&run).map_err(io_at(&run))?;
+    if owner.uid() == 0 || !owner.is_dir() {
+        return Err(VmmError::Snapshot {
+            path: run,
+            detail: "the jail's run directory does not belong to the jail's uid".into(),
+        });
+    }
+    Ok((owner.uid(), owner.gid()))
 }
 
 fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> VmmError + '_ {

@@ -74,10 +74,6 @@ impl FirecrackerVmm {
                 .ok_or_else(|| snap_err(dest, format!("GET /vm/config has no machine-config.{key}")))
         };
         let (memory_mib, vcpus) = (shape("mem_size_mib")?, shape("vcpu_count")?);
-        if mode == SnapshotMode::Checkpoint {
-            // Writing this snapshot may reset the dirty-page bitmap a later diff pause would rely on.
-            Self::forget_diff_base(&vm.run_dir);
-        }
         let started = std::time::Instant::now();
         self.pause(vm).await?;
         let paused = started.elapsed();
@@ -140,7 +136,8 @@ impl FirecrackerVmm {
         let started = std::time::Instant::now();
         match mode {
             SnapshotMode::Pause => self.create_pause_snapshot(vm, files).await?,
-            SnapshotMode::Checkpoint => self.create_snapshot(vm, files).await?,
+            // Uses the VM's diff base up (the snapshot resets the dirty-page bitmap a later diff would rely on).
+            SnapshotMode::Checkpoint => self.create_checkpoint_snapshot(vm, files).await?,
         }
         let created = started.elapsed();
         if mode == SnapshotMode::Checkpoint {
