@@ -572,6 +572,18 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
         assert_ne!(uids[0], uids[1], "each child runs as its own uid");
     }
 
+    // The parent writes on after the fork: on Firecracker its next snapshots are diffs laid over a copy of
+    // the fork's checkpoint (the checkpoint reset the dirty-page bitmap), so a page written after the fork and
+    // missed shows in the template's sums and in the parent's after a pause.
+    run(
+        client,
+        &sbx.id,
+        "dd if=/dev/urandom of=/mnt/mem/blob bs=64k count=16 seek=200 conv=notrunc 2>/dev/null",
+    )
+    .await;
+    let at_template = run(client, &sbx.id, sums).await;
+    assert_ne!(at_template, at_fork);
+
     // A memory template, then two creates from it one after the other: each restore links the template's
     // memory file into its own jail, and that must not make the next one see a changed (corrupt) snapshot.
     let t = Instant::now();
@@ -585,6 +597,11 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
         .await
         .expect("save a memory template");
     eprintln!("template with memory: {:.1?}", t.elapsed());
+    if jailed {
+        let diffs = diff_bytes(host, "diff snapshot laid over a copy of the VM's diff base");
+        eprintln!("checkpoints wrote {diffs:?} bytes");
+        assert_eq!(diffs.len(), 2, "the template's checkpoint is a diff too");
+    }
     for n in 0..2 {
         let t = Instant::now();
         let req = CreateSandboxRequest {
@@ -595,7 +612,7 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
             .create_sandbox(&req)
             .await
             .expect("create from the memory template");
-        assert_eq!(run(client, &from.id, sums).await, at_fork, "{}", from.id);
+        assert_eq!(run(client, &from.id, sums).await, at_template, "{}", from.id);
         eprintln!(
             "create {n} from the memory template -> command: {:.1?}",
             t.elapsed()
@@ -606,6 +623,17 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
         .delete_template("kvm-mem")
         .await
         .expect("delete the template");
+
+    // The parent's pause after its checkpoints: a diff over a copy of the template's checkpoint.
+    client
+        .pause_sandbox(&sbx.id)
+        .await
+        .expect("pause after checkpoints");
+    assert_eq!(run(client, &sbx.id, sums).await, at_template, "after checkpoints");
+    if jailed {
+        let diffs = diff_bytes(host, "diff snapshot laid over a copy of the VM's last checkpoint");
+        assert_eq!(diffs.len(), 1, "the pause after the checkpoints is a diff");
+    }
 
     // Destroy: nothing of any VM is left.
     for child in &forked.sandboxes {

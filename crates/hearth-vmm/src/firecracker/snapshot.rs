@@ -36,7 +36,9 @@
 //! A checkpoint (fork, template) of a VM with a diff base (laid at the boot, or recorded at its resume) is a
 //! diff too, laid over a sparse copy of the base (its data extents only) at the jail's output name, then
 //! taken out like a full snapshot: it writes the memory the guest touched, never all of it. The snapshot
-//! resets Firecracker's dirty bitmap, so it uses the base up and the VM's next pause is full.
+//! resets Firecracker's dirty bitmap, so the checkpoint's own memory file (root's, read-only, shared with
+//! what is made from it) becomes the VM's base, linked in its run directory: its next pause or checkpoint is
+//! a diff laid over a copy of it in turn.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -71,6 +73,21 @@ const JAILED_MEMORY_OUT: &str = "/snapshot-out.mem";
 /// by every load and every checkpoint (a snapshot resets the dirty-page bitmap, which must cover everything
 /// since that file's contents).
 const DIFF_BASE_MARK: &str = "diff-base";
+/// In the run directory of a jailed VM whose last snapshot was a diff checkpoint: a link to that checkpoint's
+/// memory file (root's, read-only, the VM's memory at the instant the checkpoint reset the dirty-page bitmap),
+/// which the VM's next snapshot lays its diff over a copy of. The run directory is root's and out of the
+/// jail's reach. Removed by every load, every snapshot and the boot's record.
+const CHECKPOINT_BASE: &str = "checkpoint-base.mem";
+
+/// A memory file a diff snapshot of a VM may be laid over.
+enum DiffBase {
+    /// The VM's own memory file in its jail (the boot's empty file, or the file it resumed from): a pause
+    /// writes the diff into it.
+    Own(std::fs::File),
+    /// The memory file of the VM's last checkpoint ([`CHECKPOINT_BASE`]): shared with what was made from the
+    /// checkpoint, so every diff is laid over a copy.
+    Checkpoint(std::fs::File),
+}
 
 impl FirecrackerVmm {
     pub(super) fn vm_api_error(vm: &VmHandle, e: &api::ApiError) -> VmmError {
@@ -140,6 +157,20 @@ impl FirecrackerVmm {
     ) -> Result<(), VmmError> {
         if let Some(base) = self.take_diff_base(vm) {
             let started = std::time::Instant::now();
+            let base = match base {
+                DiffBase::Own(base) => base,
+                DiffBase::Checkpoint(base) => match self.create_diff_over_copy(vm, files, base).await {
+                    Ok(allocated) => {
+                        tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms = started.elapsed().as_millis() as u64,
+                                "firecracker pause: diff snapshot laid over a copy of the VM's last checkpoint");
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        tracing::warn!(vm = %vm.run_dir.display(), error = %e, "diff snapshot failed; writing a full one");
+                        return self.create_snapshot(vm, files).await;
+                    }
+                },
+            };
             // An empty base is the one laid at the boot (see the module doc).
             let since_boot = base.metadata().is_ok_and(|m| m.len() == 0);
             match self.create_diff_snapshot(vm, files, base, JAILED_MEMORY).await {
@@ -182,20 +213,37 @@ impl FirecrackerVmm {
         }
     }
 
-    /// Forgets the diff base of `vm` (before a checkpoint, see [`DIFF_BASE_MARK`]).
+    /// Forgets the diff base of the VM in `run_dir` ([`DIFF_BASE_MARK`], [`CHECKPOINT_BASE`]).
     pub(super) fn forget_diff_base(run_dir: &Path) {
         let _ = std::fs::remove_file(run_dir.join(DIFF_BASE_MARK));
+        let _ = std::fs::remove_file(run_dir.join(CHECKPOINT_BASE));
     }
 
-    /// The memory file `vm` was resumed from, opened for writing, if it may take a diff (see
-    /// [`diff_base_in`]).
-    fn take_diff_base(&self, vm: &VmHandle) -> Option<std::fs::File> {
-        let root = self.jail_root(&vm.run_dir);
-        let file = diff_base_in(&vm.run_dir, root.as_deref()?);
-        if file.is_none() {
-            tracing::debug!(vm = %vm.run_dir.display(), "memory file not (or no longer) the VM's own: full snapshot");
+    /// The file the next snapshot of `vm` may lay a diff over: its last checkpoint's memory (see
+    /// [`checkpoint_base_in`]) or its own memory file (see [`diff_base_in`]). Used up whatever it returns.
+    fn take_diff_base(&self, vm: &VmHandle) -> Option<DiffBase> {
+        let Some(root) = self.jail_root(&vm.run_dir) else {
+            Self::forget_diff_base(&vm.run_dir);
+            return None;
+        };
+        let base = checkpoint_base_in(&vm.run_dir)
+            .map(DiffBase::Checkpoint)
+            .or_else(|| diff_base_in(&vm.run_dir, &root).map(DiffBase::Own));
+        Self::forget_diff_base(&vm.run_dir);
+        if base.is_none() {
+            tracing::debug!(vm = %vm.run_dir.display(), "no diff base (or no longer the VM's own): full snapshot");
         }
-        file
+        base
+    }
+
+    /// Keeps the memory file of the checkpoint just written (`memory`, root's and read-only) as the base of
+    /// the VM's next snapshot: the checkpoint reset Firecracker's dirty-page bitmap at that very state. A file
+    /// that cannot be linked (another file system) leaves the next snapshot full.
+    fn record_checkpoint_base(run_dir: &Path, memory: &Path) {
+        Self::forget_diff_base(run_dir);
+        if let Err(e) = std::fs::hard_link(memory, run_dir.join(CHECKPOINT_BASE)) {
+            tracing::debug!(vm = %run_dir.display(), error = %e, "checkpoint not kept as a diff base: the next snapshot is full");
+        }
     }
 
     /// `PUT /snapshot/create` of type Diff inside the jail, written by Firecracker into `target`, the file at
@@ -259,22 +307,24 @@ impl FirecrackerVmm {
     }
 
     /// Writes the snapshot of a checkpoint (the VM is paused, and runs on afterwards) to `files`. A VM with a
-    /// diff base gets a diff laid over a sparse copy of that base (the boot's empty file, or the memory file
-    /// it resumed from; only its data extents are copied): the checkpoint costs the memory the guest touched,
-    /// not its size, and never reads the holes of its memory. Otherwise, or if that fails, a full snapshot.
-    /// Either way the base is used up: the snapshot resets Firecracker's dirty bitmap, which a later diff
-    /// over the base would need (the next pause is full).
+    /// diff base gets a diff laid over a sparse copy of that base (the boot's empty file, the memory file it
+    /// resumed from, or its last checkpoint's; only the data extents are copied): the checkpoint costs the
+    /// memory the guest touched, not its size, and never reads the holes of its memory. The snapshot resets
+    /// Firecracker's dirty-page bitmap, so the checkpoint's own memory file becomes the base of the VM's next
+    /// snapshot ([`CHECKPOINT_BASE`]). Without a base, or if the diff fails, a full snapshot (and the next
+    /// one is full too).
     pub(super) async fn create_checkpoint_snapshot(
         &self,
         vm: &VmHandle,
         files: &SnapshotFiles,
     ) -> Result<(), VmmError> {
-        if let Some(base) = self.take_diff_base(vm) {
+        if let Some(DiffBase::Own(base) | DiffBase::Checkpoint(base)) = self.take_diff_base(vm) {
             let started = std::time::Instant::now();
-            match self.create_diff_checkpoint(vm, files, base).await {
+            match self.create_diff_over_copy(vm, files, base).await {
                 Ok(allocated) => {
                     tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms = started.elapsed().as_millis() as u64,
                         "firecracker checkpoint: diff snapshot laid over a copy of the VM's diff base");
+                    Self::record_checkpoint_base(&vm.run_dir, &files.memory);
                     return Ok(());
                 }
                 Err(e) => {
@@ -285,9 +335,9 @@ impl FirecrackerVmm {
         self.create_snapshot(vm, files).await
     }
 
-    /// [`Self::create_checkpoint_snapshot`] with a base: copies its data extents into a new root-owned file at
-    /// the jail's snapshot output name, then lays the diff over that copy.
-    async fn create_diff_checkpoint(
+    /// A diff snapshot laid over a copy of `base`: copies its data extents into a new root-owned file at the
+    /// jail's snapshot output name, then lays the diff over that copy. Returns its allocated bytes.
+    async fn create_diff_over_copy(
         &self,
         vm: &VmHandle,
         files: &SnapshotFiles,
@@ -417,6 +467,19 @@ fn diff_base_in(run_dir: &Path, root: &Path) -> Option<std::fs::File> {
     let meta = file.metadata().ok()?;
     let ok = meta.is_file() && meta.dev() == dev && meta.ino() == ino && meta.nlink() == 1 && meta.uid() == 0;
     ok.then_some(file)
+}
+
+/// The memory file of the last checkpoint of the VM with run directory `run_dir` ([`CHECKPOINT_BASE`]), opened
+/// for reading without following a symlink, if it is a regular root-owned file.
+fn checkpoint_base_in(run_dir: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(run_dir.join(CHECKPOINT_BASE))
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    (meta.is_file() && meta.uid() == 0).then_some(file)
 }
 
 /// Takes a snapshot file the jailed Firecracker wrote (`name` in the chroot `root`) out to `dest`.
@@ -620,6 +683,36 @@ mod tests {
         std::fs::remove_file(root.join(name)).expect("test step");
         std::fs::create_dir(root.join(name)).expect("test step");
         assert!(create_empty_beneath(&root, name).is_err(), "a directory is there");
+    }
+
+    /// A checkpoint's memory kept as a diff base is taken only as a regular root-owned file at the run
+    /// directory's name: a symlink there (to a host file) or a directory is refused, not followed.
+    #[test]
+    fn a_checkpoint_base_is_a_regular_root_file_never_a_symlink() {
+        let dir = tempfile::tempdir().expect("test step");
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).expect("test step");
+        let base = run.join(CHECKPOINT_BASE);
+        assert!(checkpoint_base_in(&run).is_none(), "none kept");
+
+        let host = dir.path().join("host-file");
+        std::fs::write(&host, b"host").expect("test step");
+        std::os::unix::fs::symlink(&host, &base).expect("test step");
+        assert!(checkpoint_base_in(&run).is_none(), "symlink");
+        std::fs::remove_file(&base).expect("test step");
+        std::fs::create_dir(&base).expect("test step");
+        assert!(checkpoint_base_in(&run).is_none(), "directory");
+        std::fs::remove_dir(&base).expect("test step");
+
+        if nix::unistd::geteuid().is_root() {
+            std::fs::hard_link(&host, &base).expect("test step");
+            let mut kept = String::new();
+            std::io::Read::read_to_string(&mut checkpoint_base_in(&run).expect("a root file"), &mut kept)
+                .expect("test step");
+            assert_eq!(kept, "host");
+            std::os::unix::fs::chown(&host, Some(1234), Some(1234)).expect("test step");
+            assert!(checkpoint_base_in(&run).is_none(), "not root's");
+        }
     }
 
     /// A diff snapshot is laid only over the very file the VM was resumed from, and only once: no record, a
