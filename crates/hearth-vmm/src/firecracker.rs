@@ -74,12 +74,16 @@ const VSOCK_RESET_MARK: &str = "vsock.reset-pending";
 const JAIL_DIR: &str = "jail";
 
 /// Comma-separated features of this driver to leave out, so that a benchmark can compare with and without
-/// them side by side. Only [`FEATURE_BOOT_DIFF`] so far.
+/// them side by side: [`FEATURE_BOOT_DIFF`], [`FEATURE_CHECKPOINT_DIFF`].
 pub const FEATURES_OFF_VAR: &str = "HEARTH_FIRECRACKER_FEATURES_OFF";
 /// A jailed VM boots with dirty-page tracking and its first pause is a diff snapshot into an empty file:
 /// what the guest (and Firecracker, loading the kernel) wrote since the boot, instead of all of guest memory
 /// (`snapshot` module doc). Off: the first pause after a boot writes a full snapshot.
 pub const FEATURE_BOOT_DIFF: &str = "boot-diff";
+/// A checkpoint (fork, template) of a VM with a diff base is a diff laid over a copy of that base, and the
+/// checkpoint becomes the base of the VM's next snapshot (`snapshot` module doc). Off: every checkpoint is a
+/// full snapshot, and the snapshot after it too.
+pub const FEATURE_CHECKPOINT_DIFF: &str = "checkpoint-diff";
 
 /// Guest vsock port the agent listens on, and the guest's context id.
 pub const AGENT_VSOCK_PORT: u32 = 1024;

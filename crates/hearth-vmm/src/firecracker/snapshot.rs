@@ -318,7 +318,9 @@ impl FirecrackerVmm {
         vm: &VmHandle,
         files: &SnapshotFiles,
     ) -> Result<(), VmmError> {
-        if let Some(DiffBase::Own(base) | DiffBase::Checkpoint(base)) = self.take_diff_base(vm) {
+        let base = self.take_diff_base(vm);
+        let off = crate::feature_off(super::FEATURES_OFF_VAR, super::FEATURE_CHECKPOINT_DIFF);
+        if let Some(DiffBase::Own(base) | DiffBase::Checkpoint(base)) = base.filter(|_| !off) {
             let started = std::time::Instant::now();
             match self.create_diff_over_copy(vm, files, base).await {
                 Ok(allocated) => {
