@@ -159,6 +159,8 @@ impl FirecrackerVmm {
         }
         remove_disk_link(&vm.run_dir);
         let _ = std::fs::remove_dir_all(vm.run_dir.join(JAIL_DIR));
+        // A stopped VM takes no more snapshots: its diff base record goes, and the checkpoint it kept (blocks).
+        Self::forget_diff_base(&vm.run_dir);
         Ok(())
     }
 
@@ -596,6 +598,7 @@ impl FirecrackerVmm {
         }
         remove_disk_link(run);
         let _ = std::fs::remove_dir_all(run.join(JAIL_DIR));
+        Self::forget_diff_base(run);
     }
 
     /// Records that the guest in `run_dir` has a vsock reset pending (see [`VSOCK_RESET_MARK`]).

@@ -91,11 +91,19 @@ async fn jailed_vm_runs_confined_and_stops_cleanly() {
                 "firecracker.pid",
                 "initramfs.cpio.gz",
                 "run",
+                // The base the first pause lays its diff over: empty, root's, read-only (checked below).
+                "snapshot.mem",
                 "vmlinux"
             ]
             .contains(&name.as_str()),
             "unexpected {name} in the jail: {seen:?}"
         );
+    }
+    {
+        use std::os::unix::fs::MetadataExt;
+        let base = std::fs::symlink_metadata(root.join("snapshot.mem")).expect("the boot's diff base");
+        assert!(base.is_file(), "{base:?}");
+        assert_eq!((base.len(), base.uid(), base.mode() & 0o777), (0, 0, 0o444));
     }
     assert!(!root.join("etc").exists() && !root.join("proc").exists());
     // The guest writes the sandbox's own disk: same inode, handed to the jail's uid.
