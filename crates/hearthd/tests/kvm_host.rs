@@ -399,6 +399,13 @@ const VM_CGROUPS: &str = "vm_cgroups() { for d in /sys/fs/cgroup/hearth-*/*/; do
        [ -d \"$d\" ] && echo \"$d\"; done; }";
 
 /// What is left in L1 of hearthd's VMs: VMM processes, VM cgroups, sandbox namespaces and directories.
+/// Rewrites 1 MiB of the tmpfs blob of the lifecycle test with random bytes, from 64 KiB block `at` on.
+async fn rewrite_blob_mib(client: &hearth_client::Client, id: &str, at: u32) {
+    let cmd =
+        format!("dd if=/dev/urandom of=/mnt/mem/blob bs=64k count=16 seek={at} conv=notrunc 2>/dev/null");
+    run(client, id, &cmd).await;
+}
+
 async fn leftovers(host: &KvmHost) -> String {
     host.sh(&format!(
         "{VMM_PROCESSES}\n{VM_CGROUPS}
@@ -525,12 +532,7 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
     // the VM resumed from (hearthd logs each): a dirty page missed, or a clean one taken from the wrong file,
     // shows here.
     for round in 0..2 {
-        run(
-            client,
-            &sbx.id,
-            "dd if=/dev/urandom of=/mnt/mem/blob bs=64k count=16 seek=100 conv=notrunc 2>/dev/null",
-        )
-        .await;
+        rewrite_blob_mib(client, &sbx.id, 100).await;
         let before = run(client, &sbx.id, sums).await;
         let t = Instant::now();
         client.pause_sandbox(&sbx.id).await.expect("re-pause");
@@ -556,6 +558,20 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
         let diffs = diff_bytes(host, "diff snapshot laid over a copy of the VM's diff base");
         eprintln!("fork checkpoint wrote {diffs:?} bytes");
         assert_eq!(diffs.len(), 1, "the fork's checkpoint is a diff");
+        // The base kept for the parent's next snapshot is the checkpoint's memory file as sealed (the copy
+        // only root ever had open), not the inode the jailed process wrote and may still hold open.
+        let inodes = host
+            .sh(&format!(
+                "stat -c %i $(find /hearth/data/sandboxes/{} -name checkpoint-base.mem) \
+                 $(find /hearth/data/snapshots/{} -name '*.mem')",
+                sbx.id, forked.snapshot_id
+            ))
+            .await;
+        let inodes: Vec<&str> = inodes.split_whitespace().collect();
+        assert!(
+            inodes.len() == 2 && inodes[0] == inodes[1],
+            "checkpoint base and sealed memory file: {inodes:?}"
+        );
     }
     let mut uids = Vec::new();
     let mut randoms = Vec::new();
@@ -575,12 +591,7 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
     // The parent writes on after the fork: on Firecracker its next snapshots are diffs laid over a copy of
     // the fork's checkpoint (the checkpoint reset the dirty-page bitmap), so a page written after the fork and
     // missed shows in the template's sums and in the parent's after a pause.
-    run(
-        client,
-        &sbx.id,
-        "dd if=/dev/urandom of=/mnt/mem/blob bs=64k count=16 seek=200 conv=notrunc 2>/dev/null",
-    )
-    .await;
+    rewrite_blob_mib(client, &sbx.id, 200).await;
     let at_template = run(client, &sbx.id, sums).await;
     assert_ne!(at_template, at_fork);
 

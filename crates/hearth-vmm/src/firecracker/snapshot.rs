@@ -157,32 +157,25 @@ impl FirecrackerVmm {
     ) -> Result<(), VmmError> {
         if let Some(base) = self.take_diff_base(vm) {
             let started = std::time::Instant::now();
-            let base = match base {
-                DiffBase::Own(base) => base,
-                DiffBase::Checkpoint(base) => match self.create_diff_over_copy(vm, files, base).await {
-                    Ok(allocated) => {
-                        tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms = started.elapsed().as_millis() as u64,
-                                "firecracker pause: diff snapshot laid over a copy of the VM's last checkpoint");
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        tracing::warn!(vm = %vm.run_dir.display(), error = %e, "diff snapshot failed; writing a full one");
-                        return self.create_snapshot(vm, files).await;
-                    }
-                },
+            let (written, over) = match base {
+                // An empty base is the one laid at the boot (see the module doc).
+                DiffBase::Own(base) if base.metadata().is_ok_and(|m| m.len() == 0) => (
+                    self.create_diff_snapshot(vm, files, base, JAILED_MEMORY).await,
+                    "of the memory written since the boot",
+                ),
+                DiffBase::Own(base) => (
+                    self.create_diff_snapshot(vm, files, base, JAILED_MEMORY).await,
+                    "laid over the memory file the VM resumed from",
+                ),
+                DiffBase::Checkpoint(base) => (
+                    self.create_diff_over_copy(vm, files, base).await,
+                    "laid over a copy of the VM's last checkpoint",
+                ),
             };
-            // An empty base is the one laid at the boot (see the module doc).
-            let since_boot = base.metadata().is_ok_and(|m| m.len() == 0);
-            match self.create_diff_snapshot(vm, files, base, JAILED_MEMORY).await {
+            match written {
                 Ok(allocated) => {
-                    let ms = started.elapsed().as_millis() as u64;
-                    if since_boot {
-                        tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms,
-                            "firecracker pause: diff snapshot of the memory written since the boot");
-                    } else {
-                        tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms,
-                            "firecracker pause: diff snapshot laid over the memory file the VM resumed from");
-                    }
+                    tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms = started.elapsed().as_millis() as u64,
+                        "firecracker pause: diff snapshot {over}");
                     return Ok(());
                 }
                 Err(e) => {
@@ -236,10 +229,11 @@ impl FirecrackerVmm {
         base
     }
 
-    /// Keeps the memory file of the checkpoint just written (`memory`, root's and read-only) as the base of
-    /// the VM's next snapshot: the checkpoint reset Firecracker's dirty-page bitmap at that very state. A file
-    /// that cannot be linked (another file system) leaves the next snapshot full.
-    fn record_checkpoint_base(run_dir: &Path, memory: &Path) {
+    /// Keeps the memory file of the diff checkpoint just written (`memory`: a copy only root ever had open,
+    /// read-only, never the inode the jailed process wrote) as the base of the VM's next snapshot: the
+    /// checkpoint reset Firecracker's dirty-page bitmap at that very state. A file that cannot be linked
+    /// (another file system) leaves the next snapshot full.
+    pub(super) fn record_checkpoint_base(run_dir: &Path, memory: &Path) {
         Self::forget_diff_base(run_dir);
         if let Err(e) = std::fs::hard_link(memory, run_dir.join(CHECKPOINT_BASE)) {
             tracing::debug!(vm = %run_dir.display(), error = %e, "checkpoint not kept as a diff base: the next snapshot is full");
@@ -309,15 +303,16 @@ impl FirecrackerVmm {
     /// Writes the snapshot of a checkpoint (the VM is paused, and runs on afterwards) to `files`. A VM with a
     /// diff base gets a diff laid over a sparse copy of that base (the boot's empty file, the memory file it
     /// resumed from, or its last checkpoint's; only the data extents are copied): the checkpoint costs the
-    /// memory the guest touched, not its size, and never reads the holes of its memory. The snapshot resets
-    /// Firecracker's dirty-page bitmap, so the checkpoint's own memory file becomes the base of the VM's next
-    /// snapshot ([`CHECKPOINT_BASE`]). Without a base, or if the diff fails, a full snapshot (and the next
-    /// one is full too).
+    /// memory the guest touched, not its size, and never reads the holes of its memory. Returns whether it
+    /// was a diff: the snapshot reset Firecracker's dirty-page bitmap, so once the caller has made the
+    /// checkpoint's files root's own ([`Self::record_checkpoint_base`]), its memory file can be the base of
+    /// the VM's next snapshot. Without a base, or if the diff fails, a full snapshot (and the next one is
+    /// full too).
     pub(super) async fn create_checkpoint_snapshot(
         &self,
         vm: &VmHandle,
         files: &SnapshotFiles,
-    ) -> Result<(), VmmError> {
+    ) -> Result<bool, VmmError> {
         let base = self.take_diff_base(vm);
         let off = crate::feature_off(super::FEATURES_OFF_VAR, super::FEATURE_CHECKPOINT_DIFF);
         if let Some(DiffBase::Own(base) | DiffBase::Checkpoint(base)) = base.filter(|_| !off) {
@@ -326,15 +321,14 @@ impl FirecrackerVmm {
                 Ok(allocated) => {
                     tracing::info!(vm = %vm.run_dir.display(), allocated_bytes = allocated, ms = started.elapsed().as_millis() as u64,
                         "firecracker checkpoint: diff snapshot laid over a copy of the VM's diff base");
-                    Self::record_checkpoint_base(&vm.run_dir, &files.memory);
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(e) => {
                     tracing::warn!(vm = %vm.run_dir.display(), error = %e, "diff checkpoint failed; writing a full one");
                 }
             }
         }
-        self.create_snapshot(vm, files).await
+        self.create_snapshot(vm, files).await.map(|()| false)
     }
 
     /// A diff snapshot laid over a copy of `base`: copies its data extents into a new root-owned file at the

@@ -134,11 +134,11 @@ impl FirecrackerVmm {
         mode: SnapshotMode,
     ) -> Result<(), VmmError> {
         let started = std::time::Instant::now();
-        match mode {
-            SnapshotMode::Pause => self.create_pause_snapshot(vm, files).await?,
-            // Uses the VM's diff base up (the snapshot resets the dirty-page bitmap a later diff would rely on).
+        // Uses the VM's diff base up (the snapshot resets the dirty-page bitmap a later diff would rely on).
+        let diffed = match mode {
+            SnapshotMode::Pause => self.create_pause_snapshot(vm, files).await.map(|()| false)?,
             SnapshotMode::Checkpoint => self.create_checkpoint_snapshot(vm, files).await?,
-        }
+        };
         let created = started.elapsed();
         if mode == SnapshotMode::Checkpoint {
             if self.jailer.is_some() {
@@ -147,6 +147,10 @@ impl FirecrackerVmm {
                 for f in [&files.state, &files.memory] {
                     replace_with_copy(f).await?;
                 }
+            }
+            if diffed {
+                // Only now: the copy, never the inode the jailed process may still write through.
+                Self::record_checkpoint_base(&vm.run_dir, &files.memory);
             }
             copy_disk(disk, &dest.join(DISK_FILE)).await?;
         }
