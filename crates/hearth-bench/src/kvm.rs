@@ -5,6 +5,8 @@
 //! the ratios between the two VMMs, measured in the same run, mean something (docs/benchmarks.md).
 //! `--kvm-firecracker-env KEY=VALUE` adds a third setup, Firecracker again with that environment in L1's
 //! hearthd (e.g. `HEARTH_FIRECRACKER_FEATURES_OFF=boot-diff`), for an A/B of a driver feature in the same run.
+//! `--kvm-boots N` replaces the scenarios with a cold-boot soak of the Firecracker setups: N creates each,
+//! every failure counted (with its error) instead of ending the run, to tell a flaky boot path from noise.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -30,6 +32,8 @@ pub struct KvmArgs {
     /// Times every setup is measured: the order of setups is reversed every other round, so that a drift
     /// of the machine over the run does not favour the setup measured first.
     pub rounds: usize,
+    /// Cold-boot soak: creates per Firecracker setup and round (0: the scenarios instead).
+    pub boots: usize,
 }
 
 /// One VMM's samples.
@@ -46,6 +50,17 @@ struct Measured {
     fork4: Samples,
     template_save: Samples,
     template_create: Samples,
+    /// The first pause of a sandbox created from the memory template (16 MiB written first), and the MiB its
+    /// memory file allocates.
+    template_pause: Samples,
+    template_pause_mib: Vec<f64>,
+    /// Host memory (PSS, MiB) of the VMM of an idle sandbox, [`IDLE`] after its command: after its cold boot,
+    /// and after a resume.
+    idle_boot_mib: Vec<f64>,
+    idle_resume_mib: Vec<f64>,
+    /// Soak: boots attempted, and the errors of those that failed.
+    boots: usize,
+    boot_errors: Vec<String>,
 }
 
 impl Measured {
@@ -58,10 +73,16 @@ impl Measured {
             (&mut self.fork4, other.fork4),
             (&mut self.template_save, other.template_save),
             (&mut self.template_create, other.template_create),
+            (&mut self.template_pause, other.template_pause),
         ] {
             mine.extend(&theirs);
         }
         self.pause_mib.extend(other.pause_mib);
+        self.template_pause_mib.extend(other.template_pause_mib);
+        self.idle_boot_mib.extend(other.idle_boot_mib);
+        self.idle_resume_mib.extend(other.idle_resume_mib);
+        self.boots += other.boots;
+        self.boot_errors.extend(other.boot_errors);
     }
 }
 
@@ -82,6 +103,10 @@ fn setups(args: &KvmArgs) -> Vec<Setup> {
         plain("Firecracker (jailed)", "firecracker"),
         plain("QEMU+KVM", "qemu"),
     ];
+    if args.boots > 0 {
+        // The soak is about Firecracker's boot path; QEMU+KVM's cold create takes 3x as long in L1.
+        all.retain(|s| s.vmm == "firecracker");
+    }
     if !args.firecracker_env.is_empty() {
         let kv: Vec<String> = args
             .firecracker_env
@@ -114,6 +139,9 @@ pub async fn rows(args: &KvmArgs) -> Result<Vec<Row>> {
             measured[i].merge(m);
         }
     }
+    if args.boots > 0 {
+        return Ok(compare_boots(&setups, &measured, args));
+    }
     Ok(compare(&setups, &measured, args))
 }
 
@@ -137,9 +165,12 @@ async fn measure_setup(host: &mut KvmHost, setup: &Setup, args: &KvmArgs) -> Res
         system.accel,
         setup.vmm
     );
-    let m = measure(host, &client, args)
-        .await
-        .with_context(|| setup.label.clone());
+    let m = if args.boots > 0 {
+        Ok(soak_boots(&client, args).await)
+    } else {
+        measure(host, &client, args).await
+    }
+    .with_context(|| setup.label.clone());
     host.stop_hearthd().await;
     // The next setup starts from nothing: no sandbox, snapshot or template of this one.
     host.sh(
@@ -167,6 +198,28 @@ async fn memory_file_mib(host: &KvmHost, id: &str) -> Result<f64> {
         .sum();
     anyhow::ensure!(bytes > 0, "no guest memory file of {id} in L1: {out:?}");
     Ok(bytes as f64 / (1 << 20) as f64)
+}
+
+/// How long a sandbox is left idle after its command before its host memory is sampled.
+const IDLE: Duration = Duration::from_secs(10);
+
+/// Host memory (PSS, MiB) in L1 of the VMM process of sandbox `id` (a QEMU names its sandbox directory, a jailed
+/// Firecracker its instance id), after [`IDLE`].
+async fn idle_vmm_pss_mib(host: &KvmHost, id: &str) -> Result<f64> {
+    tokio::time::sleep(IDLE).await;
+    let iid = hearth_vmm::firecracker::FirecrackerVmm::instance_id(id);
+    let out = host
+        .sh(&format!(
+            "for p in /proc/[0-9]*; do case \"$(readlink $p/exe 2>/dev/null)\" in \
+               */qemu-system-*|/firecracker|*/firecracker) \
+                 case \" $(tr '\\0' ' ' < $p/cmdline 2>/dev/null) \" in \
+                   *sandboxes/{id}*|*\" {iid} \"*) awk '/^Pss:/ {{print $2}}' $p/smaps_rollup;; esac;; \
+             esac; done"
+        ))
+        .await;
+    let kib: Vec<u64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    anyhow::ensure!(!kib.is_empty(), "no VMM process of {id} in L1: {out:?}");
+    Ok(kib.iter().sum::<u64>() as f64 / 1024.0)
 }
 
 fn create_request(args: &KvmArgs, template: &str) -> CreateSandboxRequest {
@@ -233,6 +286,9 @@ async fn measure(host: &KvmHost, client: &Client, args: &KvmArgs) -> Result<Meas
     for i in 0..args.creates.max(1) {
         let (id, took) = create_to_first(client, args, "minimal").await.context("create")?;
         m.first_cmd.push(took);
+        if i == 0 {
+            m.idle_boot_mib.push(idle_vmm_pss_mib(host, &id).await?);
+        }
         dirty(client, &id).await?;
         let t = Instant::now();
         client.pause_sandbox(&id).await.context("first pause")?;
@@ -253,6 +309,7 @@ async fn measure(host: &KvmHost, client: &Client, args: &KvmArgs) -> Result<Meas
         m.repause.push(t.elapsed());
     }
     m.resume.push(resume_to_first(client, &kept).await?);
+    m.idle_resume_mib.push(idle_vmm_pss_mib(host, &kept).await?);
     let t = Instant::now();
     let fork = client.fork_sandbox(&kept, 4).await.context("fork into 4")?;
     for child in &fork.sandboxes {
@@ -275,11 +332,23 @@ async fn measure(host: &KvmHost, client: &Client, args: &KvmArgs) -> Result<Meas
         .await
         .context("save a template with memory")?;
     m.template_save.push(t.elapsed());
-    for _ in 0..args.template_creates {
+    for i in 0..args.template_creates {
         let (id, took) = create_to_first(client, args, name)
             .await
             .context("create from the template")?;
         m.template_create.push(took);
+        if i == 0 {
+            // Its first pause: Firecracker restored it from the template's checkpoint (with dirty-page
+            // tracking unless `restore-diff` is off).
+            dirty(client, &id).await?;
+            let t = Instant::now();
+            client
+                .pause_sandbox(&id)
+                .await
+                .context("pause a sandbox of the template")?;
+            m.template_pause.push(t.elapsed());
+            m.template_pause_mib.push(memory_file_mib(host, &id).await?);
+        }
         client.delete_sandbox(&id).await?;
     }
     client.delete_sandbox(&kept).await?;
@@ -287,10 +356,67 @@ async fn measure(host: &KvmHost, client: &Client, args: &KvmArgs) -> Result<Meas
     Ok(m)
 }
 
+/// Cold boots, one after another: create -> first command -> delete. A failed create or command is
+/// counted with its error (and the sandbox, if any, deleted) and the soak goes on.
+async fn soak_boots(client: &Client, args: &KvmArgs) -> Measured {
+    let mut m = Measured::default();
+    for i in 0..args.boots {
+        m.boots += 1;
+        let t = Instant::now();
+        let outcome = match client.create_sandbox(&create_request(args, "minimal")).await {
+            Ok(sbx) => {
+                let ran = first_command(client, &sbx.id).await;
+                let took = t.elapsed();
+                if let Err(e) = client.delete_sandbox(&sbx.id).await {
+                    eprintln!("hearth-bench: boot {i}: delete {}: {e:#}", sbx.id);
+                }
+                ran.map(|()| took)
+            }
+            Err(e) => Err(e.into()),
+        };
+        match outcome {
+            Ok(took) => m.first_cmd.push(took),
+            Err(e) => {
+                eprintln!("hearth-bench: boot {i} failed: {e:#}");
+                m.boot_errors.push(format!("{e:#}"));
+            }
+        }
+    }
+    m
+}
+
+/// The soak's rows: boots attempted and failed per setup, and the p50 of those that succeeded.
+fn compare_boots(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec<Row> {
+    let mut rows = vec![Row::value(
+        "cold-boot soak in L1 (nested, under TCG)",
+        format!(
+            "{} MiB guests, 1 vCPU, {} round(s)",
+            args.memory_mib,
+            args.rounds.max(1)
+        ),
+    )];
+    for (setup, m) in setups.iter().zip(measured) {
+        rows.push(Row::value_with(
+            &format!("{}: boots failed / attempted", setup.label),
+            m.boots,
+            format!("{} / {}", m.boot_errors.len(), m.boots),
+            String::new(),
+        ));
+        rows.push(Row::samples(
+            &format!("{}: create -> first command", setup.label),
+            &m.first_cmd,
+        ));
+        for e in &m.boot_errors {
+            rows.push(Row::value(&format!("{}: failure", setup.label), e.clone()));
+        }
+    }
+    rows
+}
+
 /// One row per scenario: every setup's median, and its ratio to the first setup's.
 fn compare(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec<Row> {
     type Pick = fn(&Measured) -> &Samples;
-    let scenarios: [(&str, Pick); 7] = [
+    let scenarios: [(&str, Pick); 8] = [
         ("create -> first command", |m| &m.first_cmd),
         (
             "first pause after the boot (memory + devices to disk, VMM exits)",
@@ -306,6 +432,10 @@ fn compare(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec<Row> 
         ("create from the memory template -> first command", |m| {
             &m.template_create
         }),
+        (
+            "first pause of a sandbox of the memory template, 16 MiB dirtied",
+            |m| &m.template_pause,
+        ),
     ];
     let labels: Vec<&str> = setups.iter().map(|s| s.label.as_str()).collect();
     let mut rows = vec![Row::value(
@@ -331,20 +461,40 @@ fn compare(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec<Row> 
             String::new(),
         ));
     }
-    let mib: Vec<String> = measured
-        .iter()
-        .map(|m| {
-            let mut v = m.pause_mib.clone();
-            v.sort_by(f64::total_cmp);
-            v.get(v.len().saturating_sub(1) / 2)
-                .map_or("-".into(), |x| format!("{x:.0}"))
-        })
-        .collect();
-    rows.push(Row::value_with(
-        "first pause: guest memory file allocated on disk (MiB)",
-        measured.iter().map(|m| m.pause_mib.len()).min().unwrap_or(0),
-        mib.join(" / "),
-        String::new(),
-    ));
+    type PickMib = fn(&Measured) -> &Vec<f64>;
+    let sizes: [(&str, PickMib); 4] = [
+        ("first pause: guest memory file allocated on disk (MiB)", |m| {
+            &m.pause_mib
+        }),
+        (
+            "first pause of a sandbox of the template: memory file allocated (MiB)",
+            |m| &m.template_pause_mib,
+        ),
+        (
+            "host memory (PSS) of the VMM, idle 10 s after its command: after the boot (MiB)",
+            |m| &m.idle_boot_mib,
+        ),
+        (
+            "host memory (PSS) of the VMM, idle 10 s after its command: after a resume (MiB)",
+            |m| &m.idle_resume_mib,
+        ),
+    ];
+    for (name, pick) in sizes {
+        let mib: Vec<String> = measured
+            .iter()
+            .map(|m| {
+                let mut v = pick(m).clone();
+                v.sort_by(f64::total_cmp);
+                v.get(v.len().saturating_sub(1) / 2)
+                    .map_or("-".into(), |x| format!("{x:.0}"))
+            })
+            .collect();
+        rows.push(Row::value_with(
+            name,
+            measured.iter().map(|m| pick(m).len()).min().unwrap_or(0),
+            mib.join(" / "),
+            String::new(),
+        ));
+    }
     rows
 }

@@ -131,6 +131,10 @@ struct Args {
     /// Rounds of `--kvm-host` (every other one measures the setups in reverse order).
     #[arg(long, default_value_t = 1, requires = "kvm_host")]
     kvm_rounds: usize,
+    /// `--kvm-host` cold-boot soak instead of the scenarios: N creates -> first command -> delete per
+    /// Firecracker setup (QEMU+KVM left out), counting the boots that fail or hang rather than stopping at one.
+    #[arg(long, default_value_t = 0, requires = "kvm_host")]
+    kvm_boots: usize,
     /// Only the abuse rows: a neighbour's `true` latency (p50, p99) with nothing beside it and during a CPU
     /// spinner, memory hog, fork bomb and disk fill in another sandbox (template `--template`, `--memory-mib`).
     #[arg(long, conflicts_with_all = ["only_net", "only_boot", "only_mounts", "kvm_host"])]
@@ -199,6 +203,7 @@ async fn main() -> Result<()> {
             bins,
             firecracker_env: key_values("--kvm-firecracker-env", &args.kvm_firecracker_env)?,
             rounds: args.kvm_rounds,
+            boots: args.kvm_boots,
         };
         let rows = kvm::rows(&kvm_args).await?;
         println!(
