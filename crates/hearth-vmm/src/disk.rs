@@ -250,6 +250,22 @@ pub(crate) fn clone_or_copy(from: &File, to: &File) -> io::Result<CopyMethod> {
     Ok(CopyMethod::Sparse)
 }
 
+/// Whether no open file description anywhere on the host can write to `file`'s inode: a descriptor of any
+/// process, a shared mapping (which keeps its file open after the descriptor is closed), one passed to
+/// another process or registered with io_uring. Asked of the kernel by taking a read lease, which it refuses
+/// while the inode is open for writing (`F_SETLEASE`, `F_RDLCK`: fcntl(2)), and released at once. `file` must
+/// be open read-only and the caller must own it or have `CAP_LEASE`. Any error (leases disabled, a file
+/// system without them) answers no. Blocking only for the two calls.
+pub(crate) fn no_writer_anywhere(file: &File) -> bool {
+    // SAFETY: F_SETLEASE takes an int argument and has no memory effects.
+    let leased = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) } == 0;
+    if leased {
+        // SAFETY: as above.
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    }
+    leased
+}
+
 /// Writes every data extent of `from` (found with `SEEK_DATA`/`SEEK_HOLE`) below `limit` into `to` at the same
 /// offset, leaving the rest of `to` as it was; returns the bytes written. A sparse file of changed pages laid
 /// over a whole image this way gives the changed image. Blocking.
@@ -320,6 +336,61 @@ fn copy_range(from: &File, to: &File, start: i64, end: i64) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::io::{Seek, SeekFrom, Write};
+
+    #[test]
+    fn a_writer_anywhere_is_seen_descriptor_mapping_or_another_process() {
+        use std::os::unix::io::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mem");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let reader = File::open(&path).unwrap();
+        assert!(super::no_writer_anywhere(&reader), "only a reader");
+        // A descriptor open for writing, here.
+        let w = File::options().write(true).open(&path).unwrap();
+        assert!(!super::no_writer_anywhere(&reader), "a writable descriptor");
+        drop(w);
+        assert!(super::no_writer_anywhere(&reader), "the writer closed");
+        // A shared writable mapping outlives its descriptor.
+        let rw = File::options().read(true).write(true).open(&path).unwrap();
+        // SAFETY: a fresh mapping of 8 KiB of a file of that length; unmapped below, never dereferenced.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                rw.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        drop(rw);
+        assert!(!super::no_writer_anywhere(&reader), "a shared writable mapping");
+        // SAFETY: the mapping made above, of that length.
+        assert_eq!(unsafe { libc::munmap(map, 8192) }, 0);
+        assert!(super::no_writer_anywhere(&reader), "unmapped");
+        // Another process holding it open for appending.
+        let mut holder = std::process::Command::new("sh")
+            .args(["-c", "exec 3>>\"$0\"; echo held; sleep 60"])
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "held\n");
+        assert!(
+            !super::no_writer_anywhere(&reader),
+            "another process's descriptor"
+        );
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        assert!(super::no_writer_anywhere(&reader), "that process gone");
+    }
 
     #[test]
     fn copy_keeps_bytes_and_holes() {

@@ -74,7 +74,8 @@ const VSOCK_RESET_MARK: &str = "vsock.reset-pending";
 const JAIL_DIR: &str = "jail";
 
 /// Comma-separated features of this driver to leave out, so that a benchmark can compare with and without
-/// them side by side: [`FEATURE_BOOT_DIFF`], [`FEATURE_CHECKPOINT_DIFF`].
+/// them side by side: [`FEATURE_BOOT_DIFF`], [`FEATURE_CHECKPOINT_DIFF`], [`FEATURE_RESTORE_DIFF`],
+/// [`FEATURE_SEAL_IN_PLACE`].
 pub const FEATURES_OFF_VAR: &str = "HEARTH_FIRECRACKER_FEATURES_OFF";
 /// A jailed VM boots with dirty-page tracking and its first pause is a diff snapshot into an empty file:
 /// what the guest (and Firecracker, loading the kernel) wrote since the boot, instead of all of guest memory
@@ -84,6 +85,13 @@ pub const FEATURE_BOOT_DIFF: &str = "boot-diff";
 /// checkpoint becomes the base of the VM's next snapshot (`snapshot` module doc). Off: every checkpoint is a
 /// full snapshot, and the snapshot after it too.
 pub const FEATURE_CHECKPOINT_DIFF: &str = "checkpoint-diff";
+/// A jailed VM restored from a checkpoint (a fork's child, a sandbox of a memory template) tracks dirty pages,
+/// and the checkpoint's memory file is the base of its first snapshot, laid over a copy (`snapshot` module
+/// doc). Off: such a VM restores without tracking and its first pause or checkpoint is a full snapshot.
+pub const FEATURE_RESTORE_DIFF: &str = "restore-diff";
+/// A checkpoint's files, written by a jailed process that runs on, are kept as written once nothing can write
+/// to them any more (`snapshot_dir`). Off: always replaced by copies.
+pub const FEATURE_SEAL_IN_PLACE: &str = "seal-in-place";
 
 /// Guest vsock port the agent listens on, and the guest's context id.
 pub const AGENT_VSOCK_PORT: u32 = 1024;

@@ -321,6 +321,15 @@ async fn jailed_checkpoint_forks_into_another_jail_through_the_trait() {
         .expect("jailed fork");
     let _fguard = KillOnDrop(fork.clone());
     assert!(fvmm.is_alive(&fork));
+    // The fork restored with dirty-page tracking: the checkpoint's memory file (the same sealed inode, root's,
+    // read-only) is the base its first snapshot lays a diff over a copy of.
+    let sealed = std::fs::metadata(dir.join("vm.mem")).expect("checkpoint memory");
+    let base = std::fs::symlink_metadata(fork.run_dir.join("checkpoint-base.mem"))
+        .expect("the fork keeps the checkpoint as its diff base");
+    assert_eq!(
+        (base.dev(), base.ino(), base.uid(), base.mode() & 0o777),
+        (sealed.dev(), sealed.ino(), 0, 0o444)
+    );
     assert_eq!(
         fvmm.api(&fork.run_dir).describe().await.expect("describe").state,
         "Running"

@@ -464,7 +464,8 @@ fn minimal(vcpus: u32) -> CreateSandboxRequest {
     }
 }
 
-/// Create -> command -> pause -> resume -> two re-pauses -> fork into 2 -> two creates from a memory template -> destroy on
+/// Create -> command -> pause -> resume -> two re-pauses -> fork into 2 (a child paused) -> two creates from a
+/// memory template (one paused) -> destroy on
 /// whatever VMM L1's hearthd runs, checking
 /// each VMM's jail too when `jailed`. Prints the times (host clock).
 async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool) {
@@ -587,6 +588,28 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
     if jailed {
         assert_ne!(uids[0], uids[1], "each child runs as its own uid");
     }
+    // A child writes and pauses: on Firecracker it was restored with dirty-page tracking and the fork's
+    // checkpoint as its base, so its pause is a diff over a copy of that checkpoint (a page it wrote and the
+    // diff missed, or a page of the base not copied, shows in its sums after the resume).
+    let child = &forked.sandboxes[0].id;
+    rewrite_blob_mib(client, child, 300).await;
+    let child_sums = run(client, child, sums).await;
+    assert_ne!(child_sums, at_fork);
+    client.pause_sandbox(child).await.expect("pause a fork's child");
+    assert_eq!(
+        run(client, child, sums).await,
+        child_sums,
+        "child after its pause"
+    );
+    let over_checkpoint = "diff snapshot laid over a copy of the VM's last checkpoint";
+    if jailed {
+        let diffs = diff_bytes(host, over_checkpoint);
+        eprintln!("child's pause wrote {diffs:?} bytes");
+        assert!(
+            diffs.len() == 1 && diffs[0] < 240 << 20,
+            "the child's first pause is a sparse diff: {diffs:?}"
+        );
+    }
 
     // The parent writes on after the fork: on Firecracker its next snapshots are diffs laid over a copy of
     // the fork's checkpoint (the checkpoint reset the dirty-page bitmap), so a page written after the fork and
@@ -628,6 +651,17 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
             "create {n} from the memory template -> command: {:.1?}",
             t.elapsed()
         );
+        if n == 1 {
+            // A sandbox of the template pauses and resumes with what it wrote (a diff over a copy of the
+            // template's memory on Firecracker), and the template stays as it was for the next restore.
+            rewrite_blob_mib(client, &from.id, 50).await;
+            let mine = run(client, &from.id, sums).await;
+            client.pause_sandbox(&from.id).await.expect("pause");
+            assert_eq!(run(client, &from.id, sums).await, mine, "{} resumed", from.id);
+            if jailed {
+                assert_eq!(diff_bytes(host, over_checkpoint).len(), 2, "its pause is a diff");
+            }
+        }
         client.delete_sandbox(&from.id).await.expect("destroy");
     }
     client
@@ -642,8 +676,8 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
         .expect("pause after checkpoints");
     assert_eq!(run(client, &sbx.id, sums).await, at_template, "after checkpoints");
     if jailed {
-        let diffs = diff_bytes(host, "diff snapshot laid over a copy of the VM's last checkpoint");
-        assert_eq!(diffs.len(), 1, "the pause after the checkpoints is a diff");
+        let diffs = diff_bytes(host, over_checkpoint);
+        assert_eq!(diffs.len(), 3, "the pause after the checkpoints is a diff");
     }
 
     // Destroy: nothing of any VM is left.

@@ -39,6 +39,15 @@
 //! resets Firecracker's dirty bitmap, so the checkpoint's own memory file (root's, read-only, shared with
 //! what is made from it) becomes the VM's base, linked in its run directory: its next pause or checkpoint is
 //! a diff laid over a copy of it in turn.
+//!
+//! A VM restored from a checkpoint (a fork's child, a sandbox of a memory template) starts the same way: it
+//! is loaded with dirty-page tracking and the checkpoint's memory file (root's, read-only, whose contents are
+//! the VM's memory at the load) is linked in its run directory as that base. Its first pause or checkpoint
+//! is a diff over a copy of it, instead of a full snapshot that reads every page of its private mapping
+//! (every hole of the sparse file a page the kernel allocates and zeroes).
+//!
+//! Every base is checked before it is used: its length is guest memory's exactly (or 0 for the boot's),
+//! so a file grown or cut by anyone never makes the host copy more than a guest's memory.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -78,6 +87,17 @@ const DIFF_BASE_MARK: &str = "diff-base";
 /// which the VM's next snapshot lays its diff over a copy of. The run directory is root's and out of the
 /// jail's reach. Removed by every load, every snapshot and the boot's record.
 const CHECKPOINT_BASE: &str = "checkpoint-base.mem";
+
+/// What the memory file a VM is restored from is to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// Its own paused state, which the caller gives up: the file becomes the VM's own diff base.
+    Own,
+    /// A checkpoint (immutable, shared): linked as the VM's checkpoint base ([`CHECKPOINT_BASE`]).
+    Checkpoint,
+    /// No dirty-page tracking; the first snapshot is full.
+    Untracked,
+}
 
 /// A memory file a diff snapshot of a VM may be laid over.
 enum DiffBase {
@@ -154,8 +174,9 @@ impl FirecrackerVmm {
         &self,
         vm: &VmHandle,
         files: &SnapshotFiles,
+        guest_bytes: u64,
     ) -> Result<(), VmmError> {
-        if let Some(base) = self.take_diff_base(vm) {
+        if let Some(base) = self.take_diff_base(vm, guest_bytes) {
             let started = std::time::Instant::now();
             let (written, over) = match base {
                 // An empty base is the one laid at the boot (see the module doc).
@@ -212,9 +233,10 @@ impl FirecrackerVmm {
         let _ = std::fs::remove_file(run_dir.join(CHECKPOINT_BASE));
     }
 
-    /// The file the next snapshot of `vm` may lay a diff over: its last checkpoint's memory (see
-    /// [`checkpoint_base_in`]) or its own memory file (see [`diff_base_in`]). Used up whatever it returns.
-    fn take_diff_base(&self, vm: &VmHandle) -> Option<DiffBase> {
+    /// The file the next snapshot of `vm` (whose guest memory is `guest_bytes`) may lay a diff over: its last
+    /// checkpoint's memory (see [`checkpoint_base_in`]) or its own memory file (see [`diff_base_in`]), if its
+    /// length is right ([`base_length_fits`]). Used up whatever it returns.
+    fn take_diff_base(&self, vm: &VmHandle, guest_bytes: u64) -> Option<DiffBase> {
         let Some(root) = self.jail_root(&vm.run_dir) else {
             Self::forget_diff_base(&vm.run_dir);
             return None;
@@ -223,14 +245,21 @@ impl FirecrackerVmm {
             .map(DiffBase::Checkpoint)
             .or_else(|| diff_base_in(&vm.run_dir, &root).map(DiffBase::Own));
         Self::forget_diff_base(&vm.run_dir);
-        if base.is_none() {
-            tracing::debug!(vm = %vm.run_dir.display(), "no diff base (or no longer the VM's own): full snapshot");
+        match base {
+            None => {
+                tracing::debug!(vm = %vm.run_dir.display(), "no diff base (or no longer the VM's own): full snapshot");
+                None
+            }
+            Some(base) if !base_length_fits(&base, guest_bytes) => {
+                tracing::warn!(vm = %vm.run_dir.display(), guest_bytes, "the diff base is not guest memory's length: full snapshot");
+                None
+            }
+            base => base,
         }
-        base
     }
 
-    /// Keeps the memory file of the diff checkpoint just written (`memory`: a copy only root ever had open,
-    /// read-only, never the inode the jailed process wrote) as the base of the VM's next snapshot: the
+    /// Keeps the memory file of the diff checkpoint just written (`memory`: sealed, root's and read-only, no
+    /// writer left anywhere, or a copy only root ever had open) as the base of the VM's next snapshot: the
     /// checkpoint reset Firecracker's dirty-page bitmap at that very state. A file that cannot be linked
     /// (another file system) leaves the next snapshot full.
     pub(super) fn record_checkpoint_base(run_dir: &Path, memory: &Path) {
@@ -312,8 +341,9 @@ impl FirecrackerVmm {
         &self,
         vm: &VmHandle,
         files: &SnapshotFiles,
+        guest_bytes: u64,
     ) -> Result<bool, VmmError> {
-        let base = self.take_diff_base(vm);
+        let base = self.take_diff_base(vm, guest_bytes);
         let off = crate::feature_off(super::FEATURES_OFF_VAR, super::FEATURE_CHECKPOINT_DIFF);
         if let Some(DiffBase::Own(base) | DiffBase::Checkpoint(base)) = base.filter(|_| !off) {
             let started = std::time::Instant::now();
@@ -377,20 +407,21 @@ impl FirecrackerVmm {
         files: &SnapshotFiles,
         resume: bool,
     ) -> Result<VmHandle, VmmError> {
-        self.load_files(spec, files, resume, false).await
+        self.load_files(spec, files, resume, Origin::Untracked).await
     }
 
-    /// [`Self::load_snapshot_files`]; with `own` (the VM's own paused state, which the caller gives up) a
-    /// jailed VM tracks dirty pages and records its memory file as the base of its next pause's diff.
+    /// [`Self::load_snapshot_files`]; unless `origin` is [`Origin::Untracked`], a jailed VM tracks dirty pages
+    /// and records the memory file as the base of its next snapshot's diff: as its own file
+    /// ([`DIFF_BASE_MARK`]), or as a checkpoint's ([`CHECKPOINT_BASE`]).
     pub(super) async fn load_files(
         &self,
         spec: &VmSpec,
         files: &SnapshotFiles,
         resume: bool,
-        own: bool,
+        origin: Origin,
     ) -> Result<VmHandle, VmmError> {
         Self::forget_diff_base(&spec.run_dir);
-        let track = own && self.jailer.is_some();
+        let track = origin != Origin::Untracked && self.jailer.is_some();
         let launched = self.launch(spec).await?;
         let (state, memory) = match self.jail_root(&spec.run_dir) {
             None => (files.state.clone(), files.memory.clone()),
@@ -422,7 +453,11 @@ impl FirecrackerVmm {
         // The snapshot carries the reset of the source VM's vsock connections, not yet seen by the guest.
         Self::mark_vsock_reset(&spec.run_dir);
         let vm = self.finish(spec, &launched, "restored").await?;
-        if track {
+        if track && origin == Origin::Checkpoint {
+            // The checkpoint's file is root's and read-only (the restore checked its length): shared, so the
+            // VM's first snapshot is laid over a copy of it.
+            Self::record_checkpoint_base(&spec.run_dir, &files.memory);
+        } else if track {
             use std::os::unix::fs::MetadataExt;
             // The inode of the snapshot's own file (a path outside the jail): the jail's link is that inode
             // unless it had to be copied, and a file the jailed process put in its place never matches.
@@ -465,6 +500,18 @@ fn diff_base_in(run_dir: &Path, root: &Path) -> Option<std::fs::File> {
     ok.then_some(file)
 }
 
+/// Whether `base` may be the base of a diff snapshot of a guest with `guest_bytes` of memory: exactly that
+/// long, or empty for the VM's own file (the one laid at the boot). Anything else (a file the jailed process
+/// grew or cut while it was its uid's) is not copied or written into.
+fn base_length_fits(base: &DiffBase, guest_bytes: u64) -> bool {
+    let (file, empty_ok) = match base {
+        DiffBase::Own(f) => (f, true),
+        DiffBase::Checkpoint(f) => (f, false),
+    };
+    file.metadata()
+        .is_ok_and(|m| m.len() == guest_bytes || (empty_ok && m.len() == 0))
+}
+
 /// The memory file of the last checkpoint of the VM with run directory `run_dir` ([`CHECKPOINT_BASE`]), opened
 /// for reading without following a symlink, if it is a regular root-owned file.
 fn checkpoint_base_in(run_dir: &Path) -> Option<std::fs::File> {
@@ -483,7 +530,8 @@ fn checkpoint_base_in(run_dir: &Path) -> Option<std::fs::File> {
 /// The jailed process owns the chroot, so the file is opened without following symlinks and must be a
 /// regular file with a single link; then exactly that inode is linked to `dest` (copied when `dest` is on
 /// another filesystem) and handed to root with [`SNAPSHOT_FILE_MODE`]. A Firecracker that keeps running after the snapshot
-/// could still write through descriptors it holds: stop it (or copy) before committing the snapshot.
+/// could still write through descriptors it holds: stop it (or seal or copy the file, `snapshot_dir`) before
+/// committing the snapshot.
 fn take_out(root: &Path, name: &str, dest: &Path) -> Result<(), VmmError> {
     let file = open_private(root, name, nix::fcntl::OFlag::O_RDONLY)?;
     link_out(&file, dest)
@@ -683,6 +731,38 @@ mod tests {
 
     /// A checkpoint's memory kept as a diff base is taken only as a regular root-owned file at the run
     /// directory's name: a symlink there (to a host file) or a directory is refused, not followed.
+    #[test]
+    fn a_diff_base_must_be_guest_memory_long_or_the_boots_empty_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let guest: u64 = 4 << 20;
+        let file = |name: &str, len: u64| {
+            let f = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(dir.path().join(name))
+                .unwrap();
+            f.set_len(len).unwrap();
+            f
+        };
+        for (len, own, checkpoint) in [
+            (0, true, false),
+            (guest, true, true),
+            (guest - 4096, false, false),
+            (guest + 4096, false, false),
+            (64 << 30, false, false),
+        ] {
+            let o = DiffBase::Own(file(&format!("own-{len}"), len));
+            let c = DiffBase::Checkpoint(file(&format!("ck-{len}"), len));
+            assert_eq!(base_length_fits(&o, guest), own, "own base of {len} bytes");
+            assert_eq!(
+                base_length_fits(&c, guest),
+                checkpoint,
+                "checkpoint base of {len} bytes"
+            );
+        }
+    }
+
     #[test]
     fn a_checkpoint_base_is_a_regular_root_file_never_a_symlink() {
         let dir = tempfile::tempdir().expect("test step");

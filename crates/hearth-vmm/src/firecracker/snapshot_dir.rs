@@ -1,9 +1,10 @@
 //! The [`crate::Vmm`] snapshot seam for Firecracker: a snapshot directory and its [`SnapshotInfo`].
 //!
 //! `snapshot`: `PATCH /vm Paused` → `PUT /snapshot/create` (Full) → for a checkpoint, a copy of the disk
-//! while the vCPUs are stopped, then `Resumed`; for a pause, the process is stopped. A jailed checkpoint
-//! replaces the state and memory files by copies, since the jailed process that wrote them runs on. Every file written is
-//! fsynced, and the directory too. On failure the VM keeps running (resumed) and the files are removed.
+//! while the vCPUs are stopped, then `Resumed`; for a pause, the process is stopped. The jailed process that
+//! wrote a checkpoint's state and memory files runs on: each is kept only once the kernel says no open file
+//! description anywhere can write to it (a read lease; the file is root's and read-only by then, so none can
+//! be opened again), otherwise replaced by a copy. Every file written is fsynced, and the directory too. On failure the VM keeps running (resumed) and the files are removed.
 //!
 //! `restore`: checks the directory against its [`SnapshotInfo`] (same VMM, same machine shape, the memory
 //! file exactly the guest's RAM size: a truncated one would make the guest fault on first touch), then a
@@ -11,10 +12,12 @@
 //! `MAP_PRIVATE` (copy-on-write: the guest's writes never reach it) and only reads the state file, so one
 //! snapshot serves any number of restores; `tests/firecracker_snapshot.rs` checks the files' hashes. A
 //! `resume` (the sandbox's own pause, which the daemon removes afterwards) is the exception: its next pause
-//! lays a diff snapshot over that memory file (`snapshot.rs`).
+//! lays a diff snapshot over that memory file (`snapshot.rs`). Any other restore of a jailed VM keeps the
+//! snapshot's memory file (a link, never written) as the base its first snapshot's diff is laid over a copy of.
 
 use std::path::Path;
 
+use super::snapshot::Origin;
 use super::{FirecrackerVmm, SnapshotFiles};
 use crate::{SnapshotInfo, SnapshotMode, VmHandle, VmSpec, VmmError, VmmKind};
 
@@ -78,7 +81,8 @@ impl FirecrackerVmm {
         self.pause(vm).await?;
         let paused = started.elapsed();
         let files = files_in(dest);
-        let written = self.write_paused(vm, disk, dest, &files, mode).await;
+        let guest_bytes = u64::from(memory_mib) << 20;
+        let written = self.write_paused(vm, disk, dest, &files, mode, guest_bytes).await;
         let saved = started.elapsed();
         let result = match written {
             Ok(()) => match mode {
@@ -132,24 +136,29 @@ impl FirecrackerVmm {
         dest: &Path,
         files: &SnapshotFiles,
         mode: SnapshotMode,
+        guest_bytes: u64,
     ) -> Result<(), VmmError> {
         let started = std::time::Instant::now();
         // Uses the VM's diff base up (the snapshot resets the dirty-page bitmap a later diff would rely on).
         let diffed = match mode {
-            SnapshotMode::Pause => self.create_pause_snapshot(vm, files).await.map(|()| false)?,
-            SnapshotMode::Checkpoint => self.create_checkpoint_snapshot(vm, files).await?,
+            SnapshotMode::Pause => self
+                .create_pause_snapshot(vm, files, guest_bytes)
+                .await
+                .map(|()| false)?,
+            SnapshotMode::Checkpoint => self.create_checkpoint_snapshot(vm, files, guest_bytes).await?,
         };
         let created = started.elapsed();
         if mode == SnapshotMode::Checkpoint {
             if self.jailer.is_some() {
-                // The jailed process wrote these inodes and runs on: a descriptor it kept could change them
-                // later. Replace each with a copy only root ever had open.
+                // The jailed process wrote these inodes and runs on: a descriptor or mapping it kept could
+                // change them later. Each is kept only if nothing anywhere can write to it any more, else
+                // replaced with a copy only root ever had open.
                 for f in [&files.state, &files.memory] {
-                    replace_with_copy(f).await?;
+                    seal_or_copy(f).await?;
                 }
             }
             if diffed {
-                // Only now: the copy, never the inode the jailed process may still write through.
+                // Only now: a sealed file or the copy, never an inode the jailed process may still write through.
                 Self::record_checkpoint_base(&vm.run_dir, &files.memory);
             }
             copy_disk(disk, &dest.join(DISK_FILE)).await?;
@@ -214,7 +223,14 @@ impl FirecrackerVmm {
                 format!("memory file has {} bytes, the guest has {want}", memory.len()),
             ));
         }
-        self.load_files(spec, &files, true, own).await
+        let origin = if own {
+            Origin::Own
+        } else if crate::feature_off(super::FEATURES_OFF_VAR, super::FEATURE_RESTORE_DIFF) {
+            Origin::Untracked
+        } else {
+            Origin::Checkpoint
+        };
+        self.load_files(spec, &files, true, origin).await
     }
 }
 
@@ -230,6 +246,35 @@ impl FirecrackerVmm {
         self.pause(vm).await?;
         crate::disk::capture_while_stopped(disk, dest, crate::DiskFormat::Raw, started, self.resume(vm)).await
     }
+}
+
+/// Makes sure the snapshot file at `path`, written by a jailed process that runs on, can never change again:
+/// kept as it is if it is a regular root-owned file nobody may write (mode), with no other name, and no open
+/// file description anywhere can write to it (`disk::no_writer_anywhere`: a descriptor or shared mapping the
+/// process kept, or passed on). Nothing can then open it for writing again: only root may. Otherwise it is
+/// replaced by a copy ([`replace_with_copy`]). Returns whether it was copied.
+async fn seal_or_copy(path: &Path) -> Result<bool, VmmError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let p = path.to_path_buf();
+    let sealed = tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&p)
+            .ok()?;
+        let meta = file.metadata().ok()?;
+        let private = meta.is_file() && meta.uid() == 0 && meta.mode() & 0o7222 == 0 && meta.nlink() == 1;
+        Some(private && crate::disk::no_writer_anywhere(&file))
+    })
+    .await
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    if sealed && !crate::feature_off(super::FEATURES_OFF_VAR, super::FEATURE_SEAL_IN_PLACE) {
+        return Ok(false);
+    }
+    tracing::debug!(file = %path.display(), "a snapshot file may still be written by its VMM: copied");
+    replace_with_copy(path).await.map(|()| true)
 }
 
 /// Replaces `path` by a fresh copy of itself (a new inode, root's, [`super::snapshot::SNAPSHOT_FILE_MODE`]).
@@ -252,4 +297,47 @@ async fn replace_with_copy(path: &Path) -> Result<(), VmmError> {
 /// Copies the disk (reflink when the file system can, sparse otherwise) and fsyncs the copy.
 async fn copy_disk(src: &Path, dest: &Path) -> Result<(), VmmError> {
     crate::disk::copy_raw(src, dest).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A snapshot file (root's, read-only) with `links` names and an open writer or not: kept or copied.
+    #[tokio::test]
+    async fn a_checkpoint_file_is_kept_only_when_nothing_can_write_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |name: &str, mode: u32| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, b"guest memory").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            (path.clone(), std::fs::metadata(&path).unwrap().ino())
+        };
+        let kept = |path: &std::path::Path, ino: u64| {
+            let meta = std::fs::metadata(path).unwrap();
+            assert_eq!(std::fs::read(path).unwrap(), b"guest memory");
+            meta.ino() == ino
+        };
+        // Nothing holds it: kept as it is.
+        let (path, ino) = make("free", 0o444);
+        assert!(!super::seal_or_copy(&path).await.unwrap());
+        assert!(kept(&path, ino));
+        // A writable descriptor opened before it was made read-only (as a jailed process may keep one).
+        let (path, ino) = make("held", 0o600);
+        let writer = std::fs::File::options().write(true).open(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+        assert!(super::seal_or_copy(&path).await.unwrap());
+        assert!(!kept(&path, ino), "copied: the writer holds the old inode");
+        let copy = std::fs::metadata(&path).unwrap();
+        assert_eq!((copy.uid(), copy.mode() & 0o777), (0, 0o444));
+        drop(writer);
+        // Writable by its mode, or with a second name: copied.
+        let (path, ino) = make("writable", 0o644);
+        assert!(super::seal_or_copy(&path).await.unwrap());
+        assert!(!kept(&path, ino));
+        let (path, ino) = make("linked", 0o444);
+        std::fs::hard_link(&path, dir.path().join("second-name")).unwrap();
+        assert!(super::seal_or_copy(&path).await.unwrap());
+        assert!(!kept(&path, ino));
+    }
 }
