@@ -181,12 +181,13 @@ async fn measure_setup(host: &mut KvmHost, setup: &Setup, args: &KvmArgs) -> Res
     m
 }
 
-/// MiB allocated on L1's disk by the guest memory file of paused sandbox `id` (Firecracker's `vm.mem` of the
-/// pause, QEMU's `memory` file).
+/// MiB allocated on L1's disk by the guest memory of paused sandbox `id`: Firecracker's `vm.mem` of the pause,
+/// QEMU's `memory` file and `vmstate` (device state, and the RAM of a fork's child or a template's sandbox,
+/// which has no memory file of its own).
 async fn memory_file_mib(host: &KvmHost, id: &str) -> Result<f64> {
     let out = host
         .sh(&format!(
-            "find /hearth/data/sandboxes/{id} -type f \\( -name vm.mem -o -name memory \\) -exec stat -c '%b %B' {{}} +"
+            "find /hearth/data/sandboxes/{id} -type f \\( -name vm.mem -o -name memory -o -name vmstate \\) -exec stat -c '%b %B' {{}} +"
         ))
         .await;
     let bytes: u64 = out
