@@ -340,18 +340,25 @@ mod tests {
     #[test]
     fn a_writer_anywhere_is_seen_descriptor_mapping_or_another_process() {
         use std::os::unix::io::AsRawFd;
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("test file operation");
         let path = dir.path().join("mem");
-        std::fs::write(&path, vec![7u8; 8192]).unwrap();
-        let reader = File::open(&path).unwrap();
+        std::fs::write(&path, vec![7u8; 8192]).expect("test file operation");
+        let reader = File::open(&path).expect("test file operation");
         assert!(super::no_writer_anywhere(&reader), "only a reader");
         // A descriptor open for writing, here.
-        let w = File::options().write(true).open(&path).unwrap();
+        let w = File::options()
+            .write(true)
+            .open(&path)
+            .expect("test file operation");
         assert!(!super::no_writer_anywhere(&reader), "a writable descriptor");
         drop(w);
         assert!(super::no_writer_anywhere(&reader), "the writer closed");
         // A shared writable mapping outlives its descriptor.
-        let rw = File::options().read(true).write(true).open(&path).unwrap();
+        let rw = File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("test file operation");
         // SAFETY: a fresh mapping of 8 KiB of a file of that length; unmapped below, never dereferenced.
         let map = unsafe {
             libc::mmap(
@@ -375,20 +382,20 @@ mod tests {
             .arg(&path)
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .unwrap();
+            .expect("test file operation");
         let mut line = String::new();
         std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+            &mut std::io::BufReader::new(holder.stdout.as_mut().expect("test file operation")),
             &mut line,
         )
-        .unwrap();
+        .expect("test file operation");
         assert_eq!(line, "held\n");
         assert!(
             !super::no_writer_anywhere(&reader),
             "another process's descriptor"
         );
-        holder.kill().unwrap();
-        holder.wait().unwrap();
+        holder.kill().expect("test file operation");
+        holder.wait().expect("test file operation");
         assert!(super::no_writer_anywhere(&reader), "that process gone");
     }
 

@@ -733,7 +733,7 @@ mod tests {
     /// directory's name: a symlink there (to a host file) or a directory is refused, not followed.
     #[test]
     fn a_diff_base_must_be_guest_memory_long_or_the_boots_empty_file() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("test file operation");
         let guest: u64 = 4 << 20;
         let file = |name: &str, len: u64| {
             let f = std::fs::File::options()
@@ -741,8 +741,8 @@ mod tests {
                 .write(true)
                 .create_new(true)
                 .open(dir.path().join(name))
-                .unwrap();
-            f.set_len(len).unwrap();
+                .expect("test file operation");
+            f.set_len(len).expect("test file operation");
             f
         };
         for (len, own, checkpoint) in [

@@ -306,38 +306,45 @@ mod tests {
     /// A snapshot file (root's, read-only) with `links` names and an open writer or not: kept or copied.
     #[tokio::test]
     async fn a_checkpoint_file_is_kept_only_when_nothing_can_write_it() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("test file operation");
         let make = |name: &str, mode: u32| {
             let path = dir.path().join(name);
-            std::fs::write(&path, b"guest memory").unwrap();
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-            (path.clone(), std::fs::metadata(&path).unwrap().ino())
+            std::fs::write(&path, b"guest memory").expect("test file operation");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .expect("test file operation");
+            (
+                path.clone(),
+                std::fs::metadata(&path).expect("test file operation").ino(),
+            )
         };
         let kept = |path: &std::path::Path, ino: u64| {
-            let meta = std::fs::metadata(path).unwrap();
-            assert_eq!(std::fs::read(path).unwrap(), b"guest memory");
+            let meta = std::fs::metadata(path).expect("test file operation");
+            assert_eq!(std::fs::read(path).expect("test file operation"), b"guest memory");
             meta.ino() == ino
         };
         // Nothing holds it: kept as it is.
         let (path, ino) = make("free", 0o444);
-        assert!(!super::seal_or_copy(&path).await.unwrap());
+        assert!(!super::seal_or_copy(&path).await.expect("test file operation"));
         assert!(kept(&path, ino));
         // A writable descriptor opened before it was made read-only (as a jailed process may keep one).
         let (path, ino) = make("held", 0o600);
-        let writer = std::fs::File::options().write(true).open(&path).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
-        assert!(super::seal_or_copy(&path).await.unwrap());
+        let writer = std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .expect("test file operation");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).expect("test file operation");
+        assert!(super::seal_or_copy(&path).await.expect("test file operation"));
         assert!(!kept(&path, ino), "copied: the writer holds the old inode");
-        let copy = std::fs::metadata(&path).unwrap();
+        let copy = std::fs::metadata(&path).expect("test file operation");
         assert_eq!((copy.uid(), copy.mode() & 0o777), (0, 0o444));
         drop(writer);
         // Writable by its mode, or with a second name: copied.
         let (path, ino) = make("writable", 0o644);
-        assert!(super::seal_or_copy(&path).await.unwrap());
+        assert!(super::seal_or_copy(&path).await.expect("test file operation"));
         assert!(!kept(&path, ino));
         let (path, ino) = make("linked", 0o444);
-        std::fs::hard_link(&path, dir.path().join("second-name")).unwrap();
-        assert!(super::seal_or_copy(&path).await.unwrap());
+        std::fs::hard_link(&path, dir.path().join("second-name")).expect("test file operation");
+        assert!(super::seal_or_copy(&path).await.expect("test file operation"));
         assert!(!kept(&path, ino));
     }
 }
