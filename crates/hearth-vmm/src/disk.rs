@@ -376,9 +376,9 @@ mod tests {
         // SAFETY: the mapping made above, of that length.
         assert_eq!(unsafe { libc::munmap(map, 8192) }, 0);
         assert!(super::no_writer_anywhere(&reader), "unmapped");
-        // Another process holding it open for appending.
+        // Another process holding it open for appending (`sleep` replaces the shell: no child keeps fd 3).
         let mut holder = std::process::Command::new("sh")
-            .args(["-c", "exec 3>>\"$0\"; echo held; sleep 60"])
+            .args(["-c", "exec 3>>\"$0\"; echo held; exec sleep 60"])
             .arg(&path)
             .stdout(std::process::Stdio::piped())
             .spawn()
