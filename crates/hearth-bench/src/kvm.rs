@@ -5,6 +5,8 @@
 //! the ratios between the two VMMs, measured in the same run, mean something (docs/benchmarks.md).
 //! `--kvm-firecracker-env KEY=VALUE` adds a third setup, Firecracker again with that environment in L1's
 //! hearthd (e.g. `HEARTH_FIRECRACKER_FEATURES_OFF=boot-diff`), for an A/B of a driver feature in the same run.
+//! Firecracker's hearthd makes warm creates by default (the first create of a shape saves a boot snapshot, later
+//! ones restore it): `--kvm-firecracker-env HEARTH_WARM_CREATES=off` measures them against cold boots.
 //! `--kvm-boots N` replaces the scenarios with a cold-boot soak of the Firecracker setups: N creates each,
 //! every failure counted (with its error) instead of ending the run, to tell a flaky boot path from noise.
 
@@ -39,7 +41,12 @@ pub struct KvmArgs {
 /// One VMM's samples.
 #[derive(Debug, Default)]
 struct Measured {
+    /// Every create -> its first command.
     first_cmd: Samples,
+    /// The first create of the run (the shape's first: a cold boot, which with warm creates on also saves
+    /// the boot snapshot) and the later ones (with warm creates on: restores of that boot snapshot).
+    first_create: Samples,
+    later_creates: Samples,
     /// The first pause after the cold boot (of every created sandbox).
     pause: Samples,
     /// MiB allocated by the guest memory file after each first pause.
@@ -58,6 +65,8 @@ struct Measured {
     /// and after a resume.
     idle_boot_mib: Vec<f64>,
     idle_resume_mib: Vec<f64>,
+    /// The same after the second create (a warm create's restore, when warm creates are on).
+    idle_second_mib: Vec<f64>,
     /// Soak: boots attempted, and the errors of those that failed.
     boots: usize,
     boot_errors: Vec<String>,
@@ -67,6 +76,8 @@ impl Measured {
     fn merge(&mut self, other: Measured) {
         for (mine, theirs) in [
             (&mut self.first_cmd, other.first_cmd),
+            (&mut self.first_create, other.first_create),
+            (&mut self.later_creates, other.later_creates),
             (&mut self.pause, other.pause),
             (&mut self.repause, other.repause),
             (&mut self.resume, other.resume),
@@ -81,6 +92,7 @@ impl Measured {
         self.template_pause_mib.extend(other.template_pause_mib);
         self.idle_boot_mib.extend(other.idle_boot_mib);
         self.idle_resume_mib.extend(other.idle_resume_mib);
+        self.idle_second_mib.extend(other.idle_second_mib);
         self.boots += other.boots;
         self.boot_errors.extend(other.boot_errors);
     }
@@ -150,6 +162,10 @@ async fn measure_setup(host: &mut KvmHost, setup: &Setup, args: &KvmArgs) -> Res
     let mut opts = L1HearthdOptions::new().vmm(setup.vmm);
     for (k, v) in &setup.env {
         opts = opts.env(k, v);
+    }
+    if args.boots > 0 {
+        // The soak is of cold boots.
+        opts = opts.arg("--warm-creates").arg("off");
     }
     let d = host.start_hearthd(&opts).await;
     let client = Client::new(&d.url, d.key.clone())?;
@@ -288,7 +304,13 @@ async fn measure(host: &KvmHost, client: &Client, args: &KvmArgs) -> Result<Meas
         let (id, took) = create_to_first(client, args, "minimal").await.context("create")?;
         m.first_cmd.push(took);
         if i == 0 {
+            m.first_create.push(took);
             m.idle_boot_mib.push(idle_vmm_pss_mib(host, &id).await?);
+        } else {
+            m.later_creates.push(took);
+        }
+        if i == 1 {
+            m.idle_second_mib.push(idle_vmm_pss_mib(host, &id).await?);
         }
         dirty(client, &id).await?;
         let t = Instant::now();
@@ -417,10 +439,18 @@ fn compare_boots(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec
 /// One row per scenario: every setup's median, and its ratio to the first setup's.
 fn compare(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec<Row> {
     type Pick = fn(&Measured) -> &Samples;
-    let scenarios: [(&str, Pick); 8] = [
+    let scenarios: [(&str, Pick); 10] = [
         ("create -> first command", |m| &m.first_cmd),
         (
-            "first pause after the boot (memory + devices to disk, VMM exits)",
+            "the shape's first create -> first command (boots; warm creates: + saves the boot snapshot)",
+            |m| &m.first_create,
+        ),
+        (
+            "later creates -> first command (warm creates: restore the boot snapshot)",
+            |m| &m.later_creates,
+        ),
+        (
+            "first pause after the create, 16 MiB dirtied (memory + devices to disk, VMM exits)",
             |m| &m.pause,
         ),
         (
@@ -463,7 +493,7 @@ fn compare(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec<Row> 
         ));
     }
     type PickMib = fn(&Measured) -> &Vec<f64>;
-    let sizes: [(&str, PickMib); 4] = [
+    let sizes: [(&str, PickMib); 5] = [
         ("first pause: guest memory file allocated on disk (MiB)", |m| {
             &m.pause_mib
         }),
@@ -474,6 +504,10 @@ fn compare(setups: &[Setup], measured: &[Measured], args: &KvmArgs) -> Vec<Row> 
         (
             "host memory (PSS) of the VMM, idle 10 s after its command: after the boot (MiB)",
             |m| &m.idle_boot_mib,
+        ),
+        (
+            "host memory (PSS) of the VMM, idle 10 s after its command: after the second create (MiB)",
+            |m| &m.idle_second_mib,
         ),
         (
             "host memory (PSS) of the VMM, idle 10 s after its command: after a resume (MiB)",

@@ -35,6 +35,15 @@ pub enum NetworkChoice {
     Off,
 }
 
+/// Whether creates from a template restore a snapshot of it booted at the same shape (service/warm.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WarmChoice {
+    /// On with Firecracker (the production path), off with QEMU.
+    Auto,
+    On,
+    Off,
+}
+
 /// `hearthd`: the hearth daemon.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -74,6 +83,12 @@ pub struct Args {
     /// disk, so this bounds the host disk one sandbox's snapshots can take.
     #[arg(long, env = "HEARTH_MAX_SNAPSHOTS_PER_SANDBOX", default_value_t = 64)]
     pub max_snapshots_per_sandbox: usize,
+    /// Warm creates: the first create of a template at a shape (vCPUs, memory) also saves the booted guest as a
+    /// boot snapshot, and later creates of that template and shape restore it instead of booting a kernel (each
+    /// gets its own hostname, machine-id and fresh entropy, as forks do). Creates with bucket mounts always
+    /// boot. `auto`: on with Firecracker, off with QEMU.
+    #[arg(long, env = "HEARTH_WARM_CREATES", value_enum, default_value_t = WarmChoice::Auto)]
+    pub warm_creates: WarmChoice,
     /// Credits one running vCPU-second costs against a project's `budget_credits`.
     #[arg(long, env = "HEARTH_CREDITS_PER_VCPU_SECOND", default_value_t = 1.0)]
     pub credits_per_vcpu_second: f64,

@@ -268,6 +268,11 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         ready_timeout,
         agent_unresponsive: config::agent_unresponsive(args.agent_unresponsive_s, vmm.accel()),
         max_snapshots_per_sandbox: args.max_snapshots_per_sandbox.max(1),
+        warm_creates: match args.warm_creates {
+            config::WarmChoice::On => true,
+            config::WarmChoice::Off => false,
+            config::WarmChoice::Auto => vmm.kind() == hearth_vmm::VmmKind::Firecracker,
+        },
         credit_prices: crate::service::quota::CreditPrices {
             per_vcpu_second: args.credits_per_vcpu_second,
             per_gib_second: args.credits_per_gib_second,
@@ -306,6 +311,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     adopt::recover(&svc).await.context("recovering sandboxes")?;
     adopt::sweep_vmm(&svc).await;
     svc.restore_networking().await;
+    svc.sweep_boot_snapshots().await;
     tokio::spawn(reaper::reaper(svc.clone()));
     tokio::spawn(reaper::watcher(svc.clone()));
     tokio::spawn(reaper::quotas(svc.clone()));

@@ -4,6 +4,7 @@
 //! so that a restart can finish or roll back whatever was in flight. Migrations are numbered by SQLite's
 //! `user_version`. Usage intervals live in [`usage`].
 
+pub mod boot_snapshots;
 pub mod disk_sync;
 pub mod mounts;
 pub mod network;
@@ -143,6 +144,8 @@ const MIGRATIONS: &[&str] = &[
     network::PORT_TOKENS_MIGRATION,
     // 11: the local cache's last use and evictions of stored objects (db/remote.rs, `--cache-size`).
     remote::CACHE_MIGRATION,
+    // 12: boot snapshots of warm creates (db/boot_snapshots.rs).
+    boot_snapshots::MIGRATION,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -591,7 +594,7 @@ fn migrate(conn: &mut Connection) -> Result<(), DbError> {
 mod tests {
     use super::*;
 
-    fn row(id: &str) -> SandboxRow {
+    pub(super) fn row(id: &str) -> SandboxRow {
         SandboxRow {
             id: id.to_string(),
             state: SandboxState::Creating,

@@ -693,11 +693,95 @@ async fn lifecycle(host: &KvmHost, client: &hearth_client::Client, jailed: bool)
     assert!(left.trim().is_empty(), "left after destroy:\n{left}");
 }
 
+/// Warm creates on Firecracker, jailed (hearthd's default there): the first create of a shape boots and saves
+/// its boot snapshot; the next restores it into a jail of its own, with its own hostname, machine-id and
+/// entropy and nothing the first sandbox did after its create, and its first pause is a sparse diff over a copy
+/// of the boot snapshot's memory. Boot snapshots are not snapshot objects.
+async fn warm_creates(host: &KvmHost, client: &hearth_client::Client) {
+    let t = Instant::now();
+    let first = client.create_sandbox(&minimal(2)).await.expect("create");
+    eprintln!("cold create, boot snapshot saved -> answer: {:.1?}", t.elapsed());
+    assert!(
+        host.hearthd_log().contains("boot snapshot saved"),
+        "{}",
+        host.hearthd_log()
+    );
+    let ident = "cat /proc/sys/kernel/random/boot_id; hostname; cat /etc/machine-id; head -c 16 /dev/urandom | od -An -tx1";
+    let first_ident = run(client, &first.id, ident).await;
+    run(
+        client,
+        &first.id,
+        "echo mine > /root/first; mkdir -p /mnt/mem && mount -t tmpfs tmpfs /mnt/mem && echo mine > /mnt/mem/first; sync",
+    )
+    .await;
+    let verified = || host.hearthd_log().matches("snapshot verified").count();
+    let restores = verified();
+    let t = Instant::now();
+    let warm = client.create_sandbox(&minimal(2)).await.expect("warm create");
+    let warm_ident = run(client, &warm.id, ident).await;
+    eprintln!("warm create -> first command: {:.1?}", t.elapsed());
+    assert!(warm.snapshot_id.is_none(), "{warm:?}");
+    let f: Vec<&str> = first_ident.lines().collect();
+    assert_eq!(
+        f[1],
+        first.id.replace('_', "-"),
+        "the first's own hostname after the save"
+    );
+    let w: Vec<&str> = warm_ident.lines().collect();
+    assert_eq!(w.len(), 4, "{warm_ident}");
+    assert_eq!(verified(), restores + 1, "restored from the boot snapshot");
+    assert_ne!(w[0], f[0], "its own boot id (made when first read)");
+    assert_eq!(w[1], warm.id.replace('_', "-"), "its own hostname");
+    assert_ne!(w[2], f[2], "its own machine-id");
+    assert_ne!(w[3], f[3], "its own entropy");
+    assert_eq!(
+        run(
+            client,
+            &warm.id,
+            "ls /root/first /mnt/mem/first 2>&1 | grep -c 'No such'"
+        )
+        .await
+        .trim(),
+        "2",
+        "what the first sandbox did after its create is not in the boot snapshot"
+    );
+    let (a, b) = (
+        assert_jailed(host, &first.id, 2, 256).await,
+        assert_jailed(host, &warm.id, 2, 256).await,
+    );
+    assert_ne!(a.uid, b.uid, "each runs as its own uid");
+
+    let over_checkpoint = "diff snapshot laid over a copy of the VM's last checkpoint";
+    let before = diff_bytes(host, over_checkpoint).len();
+    let sum = "dd if=/dev/urandom of=/root/blob bs=1M count=8 2>/dev/null; md5sum /root/blob";
+    let written = run(client, &warm.id, sum).await;
+    client.pause_sandbox(&warm.id).await.expect("pause");
+    assert_eq!(run(client, &warm.id, "md5sum /root/blob").await, written);
+    let diffs = diff_bytes(host, over_checkpoint);
+    eprintln!("warm sandbox's first pause wrote {:?} bytes", &diffs[before..]);
+    assert!(
+        diffs.len() == before + 1 && diffs[before] < 240 << 20,
+        "a warm sandbox's first pause is a sparse diff: {diffs:?}"
+    );
+    let snapshots = client.list_snapshots().await.expect("snapshots");
+    assert!(snapshots.snapshots.is_empty(), "{snapshots:?}");
+    for id in [&first.id, &warm.id] {
+        client.delete_sandbox(id).await.expect("destroy");
+    }
+    let left = leftovers(host).await;
+    assert!(left.trim().is_empty(), "left after destroy:\n{left}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn firecracker_runs_jailed_and_leaves_nothing() {
     let mut host = boot(KvmHostOptions::new()).await;
     let t = Instant::now();
-    let d = host.start_hearthd(&L1HearthdOptions::new().network(true)).await;
+    // The lifecycle is a cold create's (warm creates are below).
+    let cold = L1HearthdOptions::new()
+        .network(true)
+        .arg("--warm-creates")
+        .arg("off");
+    let d = host.start_hearthd(&cold).await;
     eprintln!("hearthd up in L1 in {:.1?}", t.elapsed());
     let client = hearth_client::Client::new(&d.url, d.key.clone()).expect("client");
     let system = client.system().await.expect("system");
@@ -711,6 +795,10 @@ async fn firecracker_runs_jailed_and_leaves_nothing() {
         assert_eq!(status, "ok", "{name}: {detail}");
     }
     lifecycle(&host, &client, true).await;
+    host.stop_hearthd().await;
+    let d = host.start_hearthd(&L1HearthdOptions::new().network(true)).await;
+    let client = hearth_client::Client::new(&d.url, d.key.clone()).expect("client");
+    warm_creates(&host, &client).await;
 
     // A VM nobody owns any more (its daemon's state is gone) is killed and its cgroup removed at start.
     let orphan = client.create_sandbox(&minimal(1)).await.expect("create");

@@ -24,6 +24,12 @@ use crate::db::snapshots::SnapshotRow;
 /// Children one fork may create.
 pub const FORK_COUNT: std::ops::RangeInclusive<u32> = 1..=16;
 
+/// A boot snapshot of warm creates ([`super::warm`]): taken from no sandbox a user could name, not shown as a
+/// snapshot object (and so not deletable through the API).
+fn is_boot_snapshot(s: &SnapshotRow) -> bool {
+    s.sandbox_id.is_empty()
+}
+
 fn new_snapshot_id() -> String {
     let mut bytes = [0u8; 8];
     rand::rng().fill_bytes(&mut bytes);
@@ -72,12 +78,6 @@ impl Sandboxes {
                 "sandbox {id} has no VM handle or disk recorded"
             )));
         };
-        if let Some(live) = self.live(id) {
-            let client = self
-                .ensure_connected(&live, std::time::Duration::from_secs(5))
-                .await?;
-            super::pause::guest_sync(&client).await?;
-        }
         let max = self.settings.max_snapshots_per_sandbox;
         let held = self
             .db
@@ -90,6 +90,35 @@ impl Sandboxes {
                 "sandbox {id} has {held} snapshots, the most one sandbox may hold (each is a copy of its memory \
                  and disk); delete some (DELETE /v1/snapshots/{{id}}) or raise --max-snapshots-per-sandbox"
             )));
+        }
+        let live = self.live(id);
+        let snap = self
+            .write_checkpoint(&row, (&handle, &disk), live.as_deref(), id, row.env.clone())
+            .await?;
+        // Its restores (forks) mount the same buckets again, with the same export keys.
+        self.db.snapshot_mounts(id, &snap.id)?;
+        tracing::info!(sandbox = %id, snapshot = %snap.id, bytes = snap.size_bytes, "checkpoint taken");
+        Ok(self.snapshot_api(&snap))
+    }
+
+    /// Writes a checkpoint of the VM `handle` of sandbox `row` (its disk `disk`) into a new snapshot directory
+    /// and inserts its row with `source` as its sandbox and `env` as what its restores inherit: the guest's
+    /// file systems are flushed first (through `live`'s agent, when connected), the agent channel is
+    /// re-established if the VMM reset it, the snapshot is hashed in the background and offered to the
+    /// storage bucket.
+    pub(crate) async fn write_checkpoint(
+        &self,
+        row: &crate::db::SandboxRow,
+        (handle, disk): (&hearth_vmm::VmHandle, &std::path::Path),
+        live: Option<&super::agent::Live>,
+        source: &str,
+        env: std::collections::BTreeMap<String, String>,
+    ) -> Result<SnapshotRow, ServiceError> {
+        if let Some(live) = live {
+            let client = self
+                .ensure_connected(live, std::time::Duration::from_secs(5))
+                .await?;
+            super::pause::guest_sync(&client).await?;
         }
         let parent = self.settings.paths.snapshots_dir();
         std::fs::create_dir_all(&parent)
@@ -105,11 +134,11 @@ impl Sandboxes {
             mode: SnapshotMode::Checkpoint,
             created_at: created,
         };
-        let written = snapshot::write(self.vmm.as_ref(), &handle, &disk, &parent, &snap_id, meta).await;
+        let written = snapshot::write(self.vmm.as_ref(), handle, disk, &parent, &snap_id, meta).await;
         if self.vmm.snapshot_resets_agent_channel()
-            && let Some(live) = self.live(id)
+            && let Some(live) = live
         {
-            self.reconnect_after_reset(&live).await;
+            self.reconnect_after_reset(live).await;
         }
         let manifest = written?;
         if manifest.info.disk.is_none() {
@@ -120,24 +149,21 @@ impl Sandboxes {
         }
         let snap = SnapshotRow {
             id: snap_id.clone(),
-            sandbox_id: id.to_string(),
+            sandbox_id: source.to_string(),
             created_at_ms: created,
             size_bytes: manifest.size_bytes(),
             template: row.template.clone(),
             vcpus: row.vcpus,
             memory_mib: row.memory_mib,
-            env: row.env.clone(),
+            env,
         };
         if let Err(e) = self.db.insert_snapshot(&snap) {
             let _ = std::fs::remove_dir_all(parent.join(&snap_id));
             return Err(e.into());
         }
-        // Its restores (forks) mount the same buckets again, with the same export keys.
-        self.db.snapshot_mounts(id, &snap_id)?;
         super::integrity::hash_in_background(parent.join(&snap_id), manifest.fingerprinted());
         self.storage_committed(super::remote::Kind::Snapshot, &snap_id, created, snap.size_bytes);
-        tracing::info!(sandbox = %id, snapshot = %snap_id, bytes = snap.size_bytes, "checkpoint taken");
-        Ok(self.snapshot_api(&snap))
+        Ok(snap)
     }
 
     /// Forks running sandbox `id` into `count` children that continue its state; the parent keeps running.
@@ -206,6 +232,7 @@ impl Sandboxes {
             .db
             .list_snapshots()?
             .iter()
+            .filter(|s| !is_boot_snapshot(s))
             .map(|s| self.snapshot_api(s))
             .collect())
     }
@@ -215,7 +242,12 @@ impl Sandboxes {
         if !hearth_api::is_valid_snapshot_id(id) {
             return Err(not_found());
         }
-        Ok(self.snapshot_api(&self.db.get_snapshot(id)?.ok_or_else(not_found)?))
+        let row = self
+            .db
+            .get_snapshot(id)?
+            .filter(|s| !is_boot_snapshot(s))
+            .ok_or_else(not_found)?;
+        Ok(self.snapshot_api(&row))
     }
 
     /// Deletes a snapshot nobody's disk depends on.

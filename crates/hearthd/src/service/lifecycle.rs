@@ -14,6 +14,7 @@ use rand::RngCore;
 use tokio::time::Instant;
 
 use super::console::console_tail;
+use super::warm::{SaveTicket, Warm};
 use super::{Live, Sandboxes, ServiceError, clip, now_ms};
 use crate::db::SandboxRow;
 use crate::db::usage::UsageKind;
@@ -232,11 +233,43 @@ impl Sandboxes {
         self.create_child(req, None).await
     }
 
-    /// [`Self::create`], recording `parent` as the new sandbox's parent (forks).
+    /// [`Self::create`], recording `parent` as the new sandbox's parent (forks). A create from a template
+    /// restores its boot snapshot when there is one ([`super::warm`]); if that restore fails, the boot
+    /// snapshot is retired and the create boots.
     pub(crate) async fn create_child(
+        self: &std::sync::Arc<Self>,
+        req: CreateSandboxRequest,
+        parent: Option<String>,
+    ) -> Result<Sandbox, ServiceError> {
+        let mut warm_req = req.clone();
+        match self.warm_plan(&mut warm_req, true) {
+            Some(Warm::Restore { snapshot }) => {
+                match self.create_attempt(warm_req, parent.clone(), None).await {
+                    Err(e @ (ServiceError::VmmFailed(_) | ServiceError::SnapshotCorrupt(_))) => {
+                        tracing::warn!(snapshot = %snapshot, error = %e,
+                        "restoring the boot snapshot failed; retiring it and booting");
+                        self.retire_boot_snapshot(&snapshot);
+                        let mut req = req;
+                        let save = match self.warm_plan(&mut req, false) {
+                            Some(Warm::Save(ticket)) => Some(ticket),
+                            _ => None,
+                        };
+                        self.create_attempt(req, parent, save).await
+                    }
+                    done => done,
+                }
+            }
+            Some(Warm::Save(ticket)) => self.create_attempt(warm_req, parent, Some(ticket)).await,
+            None => self.create_attempt(warm_req, parent, None).await,
+        }
+    }
+
+    /// One try of [`Self::create_child`]; with `save`, the booted guest becomes its template's boot snapshot.
+    async fn create_attempt(
         self: &std::sync::Arc<Self>,
         mut req: CreateSandboxRequest,
         parent: Option<String>,
+        save: Option<SaveTicket>,
     ) -> Result<Sandbox, ServiceError> {
         // A recreate from a synced disk takes the source's template and shape, and brings the image here (kept
         // in the local cache from before its fetch until the new sandbox runs on it).
@@ -305,7 +338,7 @@ impl Sandboxes {
         drop(admission);
         let this = self.clone();
         let net = plan.net;
-        let task = tokio::spawn(async move { this.boot(row, restore, synced, net).await });
+        let task = tokio::spawn(async move { this.boot(row, (restore, synced), net, save).await });
         let result = match task.await {
             Ok(r) => r,
             Err(e) => {
@@ -325,21 +358,33 @@ impl Sandboxes {
     }
 
     /// Boots the VM of a `creating` row; on failure everything of it is removed again.
+    /// With `save`, the booted guest is saved as a boot snapshot before the sandbox leaves `creating`.
     async fn boot(
         &self,
         row: SandboxRow,
-        restore: Option<Restore>,
-        synced: Option<super::sync::SyncedDisk>,
+        from: (Option<Restore>, Option<super::sync::SyncedDisk>),
         net: super::network::NetPlan,
+        save: Option<SaveTicket>,
     ) -> Result<Sandbox, ServiceError> {
         let lock = self.op_lock(&row.id);
         let _guard = lock.lock().await;
         let dir = self.settings.paths.sandbox_dir(&row.id);
         let mut handle = None;
-        match self
-            .boot_steps(&row, &dir, (restore, synced), &net, &mut handle)
+        let booted = match self
+            .boot_steps(&row, &dir, from, &net, (&mut handle, save.is_some()))
             .await
         {
+            Ok(live) => match &save {
+                Some(ticket) => self
+                    .save_boot_snapshot(&row.id, &live, ticket)
+                    .await
+                    .map(|()| live),
+                None => Ok(live),
+            },
+            Err(e) => Err(e),
+        };
+        drop(save);
+        match booted {
             Ok(live) => {
                 if !self
                     .db
@@ -385,7 +430,7 @@ impl Sandboxes {
         dir: &Path,
         (restore, synced): (Option<Restore>, Option<super::sync::SyncedDisk>),
         net: &super::network::NetPlan,
-        handle: &mut Option<VmHandle>,
+        (handle, for_boot_snapshot): (&mut Option<VmHandle>, bool),
     ) -> Result<std::sync::Arc<Live>, String> {
         let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
         std::fs::create_dir_all(self.settings.paths.sandboxes_dir()).map_err(|e| io("create", e))?;
@@ -429,7 +474,13 @@ impl Sandboxes {
             images: self.settings.paths.boot_images(),
             disk,
             run_dir: dir.to_path_buf(),
-            hostname: row.id.replace('_', "-"),
+            // A guest booted to become a boot snapshot has nothing of this sandbox in its memory (the kernel
+            // command line is): its identity is set after the save ([`Self::save_boot_snapshot`]).
+            hostname: if for_boot_snapshot {
+                super::warm::BOOT_SNAPSHOT_HOSTNAME.to_string()
+            } else {
+                row.id.replace('_', "-")
+            },
             net,
         };
         let vm = match &restore {
@@ -566,6 +617,9 @@ impl Sandboxes {
         }
         self.db
             .usage_switch(id, None, now_ms(), row.vcpus, row.memory_mib)?;
+        if row.snapshot_id.as_deref().is_some_and(|s| self.warm.is_boot(s)) {
+            self.sweep_boot_snapshots().await;
+        }
         metrics::sandbox_destroyed(reason);
         tracing::info!(sandbox = %id, reason, "sandbox destroyed");
         Ok(())
@@ -703,7 +757,8 @@ impl Sandboxes {
             auto_resume: row.auto_resume,
             on_timeout: row.on_timeout,
             parent_id: row.parent_id.clone(),
-            snapshot_id: row.snapshot_id.clone(),
+            // A boot snapshot is the platform's, not something the sandbox was created from by name.
+            snapshot_id: row.snapshot_id.clone().filter(|s| !self.warm.is_boot(s)),
             disk_sync_interval_s: self
                 .db
                 .sync_get(&row.id)

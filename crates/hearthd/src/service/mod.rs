@@ -43,6 +43,7 @@ pub mod snapshot;
 pub mod sync;
 pub mod templates;
 pub mod usage;
+pub mod warm;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -181,6 +182,8 @@ pub struct Settings {
     pub agent_unresponsive: Duration,
     /// Snapshots one sandbox may have at once (`--max-snapshots-per-sandbox`).
     pub max_snapshots_per_sandbox: usize,
+    /// Creates from a template restore its boot snapshot at the create's shape ([`warm`], `--warm-creates`).
+    pub warm_creates: bool,
     /// What a running second costs against a project's budget ([`quota::CreditPrices`]).
     pub credit_prices: quota::CreditPrices,
 }
@@ -208,12 +211,15 @@ pub struct Sandboxes {
     pub(crate) mounts: mounts::MountRuntime,
     /// The storage bucket, when `--storage` is given ([`Sandboxes::enable_storage`]).
     pub(crate) storage: std::sync::OnceLock<Arc<remote::Storage>>,
+    /// Boot snapshots of warm creates: their ids and the keys being saved ([`warm`]).
+    pub(crate) warm: warm::WarmState,
     /// This service itself, for operations that run in their own task.
     me: Weak<Sandboxes>,
 }
 
 impl Sandboxes {
     pub fn new(db: Db, vmm: Arc<dyn Vmm>, info: VmmInfo, settings: Settings) -> Arc<Self> {
+        let warm = warm::WarmState::load(&db);
         Arc::new_cyclic(|me| Sandboxes {
             db,
             vmm,
@@ -228,6 +234,7 @@ impl Sandboxes {
             buckets: std::sync::OnceLock::new(),
             mounts: mounts::MountRuntime::default(),
             storage: std::sync::OnceLock::new(),
+            warm,
             me: me.clone(),
         })
     }

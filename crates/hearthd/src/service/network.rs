@@ -325,6 +325,13 @@ pub(crate) struct NetPlan {
 
 impl Sandboxes {
     /// The daemon's networking, when enabled.
+    /// Whether sandboxes get a network device, and whether it has an IPv6 path: what a boot snapshot's
+    /// devices depend on ([`super::warm`]).
+    pub(crate) fn nic_shape(&self) -> (bool, bool) {
+        self.networking()
+            .map_or((false, false), |n| (true, n.settings.sandbox_net6.is_some()))
+    }
+
     pub fn networking(&self) -> Option<&Arc<Networking>> {
         self.net.get()
     }

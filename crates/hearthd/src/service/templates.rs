@@ -603,6 +603,10 @@ impl Sandboxes {
             tracing::warn!(template = %name, error = %e, "removing the template directory failed");
         }
         self.storage_deleted(super::remote::Kind::Template, name);
+        // Its boot snapshots are retired (and deleted once no sandbox builds on them).
+        if let Ok(this) = self.arc() {
+            tokio::spawn(async move { this.sweep_boot_snapshots().await });
+        }
         Ok(())
     }
 }

@@ -304,6 +304,7 @@ pub fn fixture(connects: usize) -> Fixture {
         ready_timeout: Duration::from_secs(5),
         agent_unresponsive: Duration::from_secs(3),
         max_snapshots_per_sandbox: 64,
+        warm_creates: false,
         credit_prices: Default::default(),
     };
     let svc = Sandboxes::new(
