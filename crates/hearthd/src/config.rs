@@ -89,6 +89,11 @@ pub struct Args {
     /// boot. `auto`: on with Firecracker, off with QEMU.
     #[arg(long, env = "HEARTH_WARM_CREATES", value_enum, default_value_t = WarmChoice::Auto)]
     pub warm_creates: WarmChoice,
+    /// Boot snapshots of warm creates kept at once (one per template and shape; each holds a booted guest's
+    /// memory file and a disk copy): when a new one would make more, the least recently restored is retired,
+    /// and deleted once no sandbox's disk builds on it.
+    #[arg(long, env = "HEARTH_BOOT_SNAPSHOTS_MAX", default_value_t = 8)]
+    pub boot_snapshots_max: usize,
     /// Credits one running vCPU-second costs against a project's `budget_credits`.
     #[arg(long, env = "HEARTH_CREDITS_PER_VCPU_SECOND", default_value_t = 1.0)]
     pub credits_per_vcpu_second: f64,

@@ -273,6 +273,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
             config::WarmChoice::Off => false,
             config::WarmChoice::Auto => vmm.kind() == hearth_vmm::VmmKind::Firecracker,
         },
+        boot_snapshots_max: args.boot_snapshots_max.max(1),
         credit_prices: crate::service::quota::CreditPrices {
             per_vcpu_second: args.credits_per_vcpu_second,
             per_gib_second: args.credits_per_gib_second,

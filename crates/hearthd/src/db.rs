@@ -146,6 +146,8 @@ const MIGRATIONS: &[&str] = &[
     remote::CACHE_MIGRATION,
     // 12: boot snapshots of warm creates (db/boot_snapshots.rs).
     boot_snapshots::MIGRATION,
+    // 13: when each boot snapshot was last restored (`--boot-snapshots-max` retires the least recent).
+    boot_snapshots::USED_AT_MIGRATION,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -104,6 +104,7 @@ impl Fixture {
             agent_unresponsive: Duration::from_secs(3),
             max_snapshots_per_sandbox: 64,
             warm_creates: false,
+            boot_snapshots_max: 8,
             credit_prices: Default::default(),
         };
         let info = VmmInfo {

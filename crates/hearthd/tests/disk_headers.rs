@@ -3,6 +3,8 @@
 //! name, a VMDK descriptor with the file as its extent, a VHDX identifier), then the host does everything that
 //! copies or reopens that disk: a template from the sandbox (flatten) and a sandbox from the template, a fork,
 //! a snapshot and a sandbox from it, a template with memory and a sandbox restored from it, pause and resume.
+//! With warm creates on, the first create of each template saves its booted guest as a boot snapshot, and a
+//! second create of the qcow2-headed template restores that boot snapshot (its disk copy carries the header).
 //! After every step the canary has never been opened (inotify) and every new guest sees its disk start with the
 //! header bytes as plain data, with none of the canary's bytes anywhere near.
 
@@ -60,6 +62,17 @@ async fn template(d: &Daemon, name: &str, from: &str, memory: bool) {
     assert_eq!(status, StatusCode::CREATED, "{t}\n{}", d.log());
 }
 
+/// The id of the boot snapshot saved for template `template` (from the daemon's log).
+fn boot_snapshot_of(d: &Daemon, template: &str) -> String {
+    let log = d.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("boot snapshot saved") && l.contains(template))
+        .unwrap_or_else(|| panic!("no boot snapshot of {template}:\n{log}"));
+    let at = line.find("snp_").expect("a snapshot id");
+    line[at..at + 20].to_owned()
+}
+
 fn first_child(v: &Value) -> String {
     v["sandboxes"][0]["id"]
         .as_str()
@@ -70,7 +83,7 @@ fn first_child(v: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guest_disk_headers_never_make_the_host_open_a_host_file() {
     let _serial = VM_LOCK.lock().await;
-    let d = Daemon::start().await;
+    let d = Daemon::start_with(&["--warm-creates", "on"]).await;
     // The canary sits next to the daemon's own files, where a root host process could reach it.
     let canary = Canary::new(d.data_dir());
     let [qcow2, json, vmdk, vhdx] = Header::ALL.map(|h| h.bytes(&canary.path));
@@ -88,6 +101,22 @@ async fn guest_disk_headers_never_make_the_host_open_a_host_file() {
     canary.assert_untouched("creating a sandbox from that template");
     check_disk(&d, &b, &qcow2, "booted from the template").await;
     d.destroy(&a).await;
+    // A second create of that template restores its boot snapshot, whose disk copy has the header.
+    let boot = boot_snapshot_of(&d, "hdr-qcow2");
+    let b2 = d
+        .create(json!({"template": "hdr-qcow2", "memory_mib": 256}))
+        .await
+        .id;
+    assert!(
+        d.log()
+            .lines()
+            .any(|l| l.contains("snapshot verified") && l.contains(&boot)),
+        "restored from boot snapshot {boot}:\n{}",
+        d.log()
+    );
+    canary.assert_untouched("a warm create restoring a boot snapshot whose disk has a qcow2 header");
+    check_disk(&d, &b2, &qcow2, "restored from the template's boot snapshot").await;
+    d.destroy(&b2).await;
 
     // VMDK descriptor -> a fork (checkpoint + a disk over its copy).
     write_header(&d, &b, &vmdk).await;

@@ -66,7 +66,11 @@ async fn fork_snapshots_and_their_deletion_rules() {
     );
 
     // In use: refused; once the children are gone: deleted with its files.
-    let e = f.svc.delete_snapshot(&forked.snapshot_id).expect_err("in use");
+    let e = f
+        .svc
+        .delete_snapshot(&forked.snapshot_id)
+        .await
+        .expect_err("in use");
     assert_eq!(e.code(), ErrorCode::Conflict);
     for c in &forked.sandboxes {
         f.svc.destroy(&c.id, "test").await.expect("destroy child");
@@ -81,11 +85,12 @@ async fn fork_snapshots_and_their_deletion_rules() {
     let own = f.svc.checkpoint(&from.id).await.expect("checkpoint");
     assert_eq!(own.sandbox_id, from.id);
     f.svc.destroy(&from.id, "test").await.expect("destroy");
-    f.svc.delete_snapshot(&forked.snapshot_id).expect("delete");
+    f.svc.delete_snapshot(&forked.snapshot_id).await.expect("delete");
     assert!(!f.svc.settings().paths.snapshot_dir(&forked.snapshot_id).exists());
     assert_eq!(
         f.svc
             .delete_snapshot(&forked.snapshot_id)
+            .await
             .expect_err("gone")
             .code(),
         ErrorCode::NotFound

@@ -70,11 +70,11 @@ async fn templates_from_sandboxes_with_and_without_memory() {
         "a disk-only template boots"
     );
     assert_eq!(
-        f.svc.delete_template("saved").expect_err("in use").code(),
+        f.svc.delete_template("saved").await.expect_err("in use").code(),
         ErrorCode::Conflict
     );
     f.svc.destroy(&a.id, "test").await.expect("destroy");
-    f.svc.delete_template("saved").expect("delete");
+    f.svc.delete_template("saved").await.expect("delete");
     assert!(!image.exists());
 
     // With memory: creates restore the checkpoint.
@@ -102,23 +102,27 @@ async fn templates_from_sandboxes_with_and_without_memory() {
         "restored, not booted"
     );
     assert_eq!(
-        f.svc.delete_snapshot(&snap).expect_err("template's").code(),
+        f.svc.delete_snapshot(&snap).await.expect_err("template's").code(),
         ErrorCode::Conflict
     );
     assert_eq!(
-        f.svc.delete_template("warm").expect_err("in use").code(),
+        f.svc.delete_template("warm").await.expect_err("in use").code(),
         ErrorCode::Conflict
     );
     f.svc.destroy(&b.id, "test").await.expect("destroy");
-    f.svc.delete_template("warm").expect("delete");
+    f.svc.delete_template("warm").await.expect("delete");
     assert!(f.svc.list_snapshots().expect("snapshots").is_empty());
 
     assert_eq!(
-        f.svc.delete_template("minimal").expect_err("builtin").code(),
+        f.svc
+            .delete_template("minimal")
+            .await
+            .expect_err("builtin")
+            .code(),
         ErrorCode::Conflict
     );
     assert_eq!(
-        f.svc.delete_template("nope").expect_err("unknown").code(),
+        f.svc.delete_template("nope").await.expect_err("unknown").code(),
         ErrorCode::NotFound
     );
     let bad = CreateTemplateRequest {

@@ -2,13 +2,21 @@
 //! `firecracker_runs_jailed_and_leaves_nothing`): the first create of a template at a shape saves its boot
 //! snapshot, the next ones restore it with their own identity and nothing an earlier sandbox did; another shape
 //! boots; a corrupted boot snapshot is refused, the create boots instead and saves a new one, and the old one is
-//! deleted once the last sandbox whose disk builds on it is gone.
+//! deleted once the last sandbox whose disk builds on it is gone; beyond `--boot-snapshots-max` the least
+//! recently restored goes. With a storage bucket (a real S3 server) and a
+//! local cache too small to keep it, a boot snapshot evicted from the local disk comes back from the bucket for
+//! the next create instead of being made again, and a create while the bucket is down boots and keeps it.
 
 mod common;
+mod storagefix;
+
+use std::time::Duration;
 
 use common::{Daemon, VM_LOCK};
+use hearth_testkit::s3::{S3Kind, S3Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use storagefix::{poll_storage, start_daemon_with};
 
 /// The guest's boot id (made when first read, so a restore that had not read it makes its own), hostname,
 /// machine-id and 16 random bytes, one per line.
@@ -51,7 +59,15 @@ fn restores_of(d: &Daemon, snap: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_restore_the_boot_snapshot_with_their_own_identity() {
     let _vm = VM_LOCK.lock().await;
-    let d = Daemon::start_with(&["--network", "off", "--warm-creates", "on"]).await;
+    let d = Daemon::start_with(&[
+        "--network",
+        "off",
+        "--warm-creates",
+        "on",
+        "--boot-snapshots-max",
+        "2",
+    ])
+    .await;
     let shape = json!({ "template": "minimal", "memory_mib": 256, "timeout_s": 600 });
 
     // The first create boots, then saves the booted guest before it hands the sandbox out.
@@ -173,6 +189,28 @@ async fn creates_restore_the_boot_snapshot_with_their_own_identity() {
         e.id.replace('_', "-")
     );
 
+    // A third shape makes three live boot snapshots, one more than the limit: the least recently restored (the
+    // other shape's, never restored) is retired, and deleted at once (no disk builds on it).
+    let other_snap = with_other
+        .iter()
+        .find(|n| **n != boot[0])
+        .expect("the other shape's")
+        .clone();
+    let third = d
+        .create(json!({ "template": "minimal", "memory_mib": 384, "timeout_s": 600 }))
+        .await;
+    assert_eq!(saved_count(&d), 4);
+    let dirs = snapshot_dirs(&d);
+    assert!(!dirs.contains(&other_snap), "retired and deleted: {dirs:?}");
+    assert!(dirs.contains(new), "the recently restored one stays: {dirs:?}");
+    assert_eq!(
+        dirs.len(),
+        3,
+        "the corrupted one (disks build on it), the new one, the third shape's: {dirs:?}"
+    );
+    let f = d.create(shape.clone()).await;
+    assert_eq!(restores_of(&d, new), 2, "still restored");
+
     // The corrupted one stays while disks build on it (the two restored from it), and goes with the last.
     assert!(dir.is_dir());
     d.destroy(&b_ids[0]).await;
@@ -183,7 +221,7 @@ async fn creates_restore_the_boot_snapshot_with_their_own_identity() {
         "the retired boot snapshot is deleted with its last user"
     );
     assert_eq!(snapshot_dirs(&d).len(), 2, "{:?}", snapshot_dirs(&d));
-    for id in [&a.id, &other.id, &c.id, &e.id] {
+    for id in [&a.id, &other.id, &c.id, &e.id, &third.id, &f.id] {
         d.destroy(id).await;
     }
     // The live boot snapshots stay for the next creates.
@@ -191,4 +229,95 @@ async fn creates_restore_the_boot_snapshot_with_their_own_identity() {
     let (status, v): (StatusCode, Value) = d.call(Method::GET, "/v1/sandboxes", None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(v["sandboxes"], json!([]), "{v}");
+}
+
+/// Where `GET /v1/storage` says snapshot `snap`'s object is (`local`, `both`, `remote`).
+fn location(st: &Value, snap: &str) -> String {
+    let name = format!("snapshots/{snap}");
+    st["objects"]
+        .as_array()
+        .and_then(|a| a.iter().find(|o| o["name"] == name.as_str()))
+        .and_then(|o| o["location"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_boot_snapshot_comes_back_from_the_bucket() {
+    let _vm = VM_LOCK.lock().await;
+    let mut s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, "hearth-warm"))
+        .await
+        .expect("s3 server");
+    // A 1-byte cache: whatever the bucket holds and no sandbox needs leaves the local disk.
+    let d = start_daemon_with(&s3, "hw", &["--warm-creates", "on", "--cache-size", "1"]).await;
+    let shape = json!({ "template": "minimal", "memory_mib": 256, "timeout_s": 600 });
+    let within = Duration::from_secs(180);
+
+    let a = d.create(shape.clone()).await;
+    assert_eq!(saved_count(&d), 1, "{}", d.log());
+    let boot = snapshot_dirs(&d);
+    assert_eq!(boot.len(), 1, "{boot:?}");
+    let snap = boot[0].clone();
+    // Uploaded, then evicted: no sandbox's disk builds on it (the first create booted from the template).
+    poll_storage(&d, "the boot snapshot evicted", within, |st| {
+        location(st, &snap) == "remote"
+    })
+    .await;
+    assert!(snapshot_dirs(&d).is_empty(), "its local copy is gone");
+
+    // The next create fetches it back and restores it: nothing is saved again.
+    let b = d.create(shape.clone()).await;
+    assert_eq!(restores_of(&d, &snap), 1, "{}", d.log());
+    assert_eq!(saved_count(&d), 1, "fetched, not made again");
+    assert!(
+        d.log()
+            .lines()
+            .any(|l| l.contains("fetched from the storage bucket") && l.contains(&snap)),
+        "{}",
+        d.log()
+    );
+    assert_eq!(
+        d.sh(&b.id, "hostname").await.stdout.trim(),
+        b.id.replace('_', "-")
+    );
+    // Evicted again once the sandbox whose disk builds on it is gone.
+    d.destroy(&b.id).await;
+    poll_storage(&d, "the boot snapshot evicted again", within, |st| {
+        location(st, &snap) == "remote"
+    })
+    .await;
+
+    // The bucket is down: the create boots (no error) and the boot snapshot stays for later creates.
+    s3.stop();
+    let c = d.create(shape.clone()).await;
+    assert_eq!(restores_of(&d, &snap), 1, "{}", d.log());
+    assert_eq!(saved_count(&d), 1, "a bucket outage makes no new boot snapshot");
+    assert!(
+        d.log().contains("could not be fetched from the storage bucket"),
+        "{}",
+        d.log()
+    );
+    assert_eq!(
+        d.sh(&c.id, "hostname").await.stdout.trim(),
+        c.id.replace('_', "-")
+    );
+
+    // Back: the next create restores it again.
+    let s3 = tokio::task::spawn_blocking(move || {
+        s3.start_again();
+        s3
+    })
+    .await
+    .expect("restart s3");
+    let e = d.create(shape.clone()).await;
+    assert_eq!(restores_of(&d, &snap), 2, "{}", d.log());
+    assert_eq!(saved_count(&d), 1);
+    assert_eq!(
+        d.sh(&e.id, "hostname").await.stdout.trim(),
+        e.id.replace('_', "-")
+    );
+    for id in [&a.id, &c.id, &e.id] {
+        d.destroy(id).await;
+    }
+    drop(s3);
 }

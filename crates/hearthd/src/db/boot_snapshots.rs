@@ -20,6 +20,9 @@ pub const MIGRATION: &str = "CREATE TABLE boot_snapshots (
     );";
 
 /// One boot snapshot as recorded.
+/// When each boot snapshot was last restored (NULL: never; its creation counts).
+pub const USED_AT_MIGRATION: &str = "ALTER TABLE boot_snapshots ADD COLUMN used_at INTEGER;";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootSnapshotRow {
     pub snapshot_id: String,
@@ -71,6 +74,40 @@ impl Db {
     }
 
     /// Retires boot snapshot `snapshot_id`: no create restores it any more.
+    /// Records that boot snapshot `snapshot_id` was restored at `now_ms`.
+    pub fn boot_snapshot_used(&self, snapshot_id: &str, now_ms: i64) -> Result<(), DbError> {
+        self.lock().execute(
+            "UPDATE boot_snapshots SET used_at = ?2 WHERE snapshot_id = ?1",
+            params![snapshot_id, now_ms],
+        )?;
+        Ok(())
+    }
+
+    /// Retires the live boot snapshots beyond the `max` most recently restored (or made, if never restored);
+    /// returns their ids.
+    pub fn retire_boot_snapshots_beyond(&self, max: usize) -> Result<Vec<String>, DbError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let ids = {
+            let mut stmt = tx.prepare(
+                "SELECT snapshot_id FROM boot_snapshots WHERE key IS NOT NULL
+                 ORDER BY COALESCE(used_at, created_at) DESC, created_at DESC, snapshot_id LIMIT -1 OFFSET ?1",
+            )?;
+            stmt.query_map(params![i64::try_from(max).unwrap_or(i64::MAX)], |r| {
+                r.get::<_, String>(0)
+            })?
+            .collect::<Result<Vec<_>, _>>()?
+        };
+        for id in &ids {
+            tx.execute(
+                "UPDATE boot_snapshots SET key = NULL WHERE snapshot_id = ?1",
+                params![id],
+            )?;
+        }
+        tx.commit()?;
+        Ok(ids)
+    }
+
     pub fn retire_boot_snapshot(&self, snapshot_id: &str) -> Result<(), DbError> {
         self.lock().execute(
             "UPDATE boot_snapshots SET key = NULL WHERE snapshot_id = ?1",
@@ -103,6 +140,18 @@ impl Db {
 
     /// Deletes retired boot snapshot `snapshot_id` (its row here and its `snapshots` row) unless a sandbox's
     /// disk builds on it or it is not retired. Returns whether it was deleted.
+    /// Records as retired every snapshot taken from no sandbox (a boot snapshot's row, `sandbox_id` empty)
+    /// that has no boot snapshot record: one whose save was cut off (a crash) between its snapshot row and
+    /// its record. Returns how many. Run at start-up, before any save can be between the two.
+    pub fn adopt_unrecorded_boot_snapshots(&self) -> Result<usize, DbError> {
+        Ok(self.lock().execute(
+            "INSERT INTO boot_snapshots (snapshot_id, key, template, vcpus, memory_mib, created_at)
+             SELECT id, NULL, template, vcpus, memory_mib, created_at FROM snapshots
+             WHERE sandbox_id = '' AND id NOT IN (SELECT snapshot_id FROM boot_snapshots)",
+            [],
+        )?)
+    }
+
     pub fn delete_retired_boot_snapshot(&self, snapshot_id: &str) -> Result<bool, DbError> {
         let mut conn = self.lock();
         let tx = conn.transaction()?;
@@ -180,6 +229,72 @@ mod tests {
         db.delete("sbx_1")?;
         assert!(db.delete_retired_boot_snapshot("snp_a")?);
         assert!(db.list_boot_snapshots()?.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn a_boot_snapshot_cut_off_before_its_record_is_adopted_as_retired() -> Result<(), DbError> {
+        let db = Db::open_in_memory()?;
+        db.record_boot_snapshot(&row("snp_live", "k1", 256))?;
+        let snap = |id: &str, sandbox: &str| crate::db::snapshots::SnapshotRow {
+            id: id.into(),
+            sandbox_id: sandbox.into(),
+            created_at_ms: 5,
+            size_bytes: 1,
+            template: "minimal".into(),
+            vcpus: 1,
+            memory_mib: 256,
+            env: Default::default(),
+        };
+        db.insert_snapshot(&snap("snp_live", ""))?;
+        db.insert_snapshot(&snap("snp_cut", ""))?;
+        db.insert_snapshot(&snap("snp_user", "sbx_1"))?;
+        assert_eq!(db.adopt_unrecorded_boot_snapshots()?, 1);
+        assert_eq!(db.adopt_unrecorded_boot_snapshots()?, 0, "once");
+        let rows = db.list_boot_snapshots()?;
+        let ids: Vec<(&str, bool)> = rows
+            .iter()
+            .map(|r| (r.snapshot_id.as_str(), r.key.is_some()))
+            .collect();
+        assert_eq!(
+            ids,
+            vec![("snp_live", true), ("snp_cut", false)],
+            "a user's snapshot is not adopted"
+        );
+        assert_eq!(
+            db.boot_snapshot_for("k1")?.as_deref(),
+            Some("snp_live"),
+            "the live one of its shape kept"
+        );
+        assert!(db.delete_retired_boot_snapshot("snp_cut")?);
+        assert!(db.get_snapshot("snp_cut")?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn the_least_recently_restored_go_beyond_the_limit() -> Result<(), DbError> {
+        let db = Db::open_in_memory()?;
+        for (id, key, mib, made) in [
+            ("snp_a", "k1", 256, 1),
+            ("snp_b", "k2", 512, 2),
+            ("snp_c", "k3", 1024, 3),
+        ] {
+            db.record_boot_snapshot(&BootSnapshotRow {
+                created_at_ms: made,
+                ..row(id, key, mib)
+            })?;
+        }
+        assert!(db.retire_boot_snapshots_beyond(3)?.is_empty());
+        // a was restored last, c was made last: b goes.
+        db.boot_snapshot_used("snp_a", 10)?;
+        assert_eq!(db.retire_boot_snapshots_beyond(2)?, vec!["snp_b".to_string()]);
+        assert_eq!(db.boot_snapshot_for("k2")?, None);
+        assert_eq!(db.retire_boot_snapshots_beyond(1)?, vec!["snp_c".to_string()]);
+        assert_eq!(db.boot_snapshot_for("k1")?.as_deref(), Some("snp_a"));
+        assert!(
+            db.retire_boot_snapshots_beyond(1)?.is_empty(),
+            "retired ones do not count"
+        );
         Ok(())
     }
 }

@@ -285,7 +285,7 @@ pub async fn delete_snapshot(
     State(st): State<AppState>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    st.sandboxes.delete_snapshot(&id)?;
+    st.sandboxes.delete_snapshot(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

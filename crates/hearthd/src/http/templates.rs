@@ -114,6 +114,6 @@ pub async fn get(State(st): State<AppState>, Path(name): Path<String>) -> Result
     ),
     security(("api_key" = [])))]
 pub async fn delete(State(st): State<AppState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
-    st.sandboxes.delete_template(&name)?;
+    st.sandboxes.delete_template(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

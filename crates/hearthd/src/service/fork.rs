@@ -24,12 +24,6 @@ use crate::db::snapshots::SnapshotRow;
 /// Children one fork may create.
 pub const FORK_COUNT: std::ops::RangeInclusive<u32> = 1..=16;
 
-/// A boot snapshot of warm creates ([`super::warm`]): taken from no sandbox a user could name, not shown as a
-/// snapshot object (and so not deletable through the API).
-fn is_boot_snapshot(s: &SnapshotRow) -> bool {
-    s.sandbox_id.is_empty()
-}
-
 fn new_snapshot_id() -> String {
     let mut bytes = [0u8; 8];
     rand::rng().fill_bytes(&mut bytes);
@@ -37,6 +31,27 @@ fn new_snapshot_id() -> String {
 }
 
 impl Sandboxes {
+    /// An id no snapshot has.
+    pub(crate) fn fresh_snapshot_id(&self) -> Result<String, ServiceError> {
+        let mut id = new_snapshot_id();
+        while self.db.get_snapshot(&id)?.is_some() {
+            id = new_snapshot_id();
+        }
+        Ok(id)
+    }
+
+    /// Whether `s` is shown as a snapshot object: a boot snapshot of warm creates ([`super::warm`]) is not (nor
+    /// deletable through the API).
+    fn is_users(&self, s: &SnapshotRow) -> bool {
+        !self.warm.is_boot(&s.id)
+    }
+
+    /// Removes snapshot `id`'s directory (its row is gone), off the async runtime.
+    pub(crate) async fn remove_snapshot_dir(&self, id: &str) {
+        let dir = self.settings.paths.snapshot_dir(id);
+        super::remove_dir_off_runtime(dir, &format!("snapshot directory {id}")).await;
+    }
+
     fn snapshot_api(&self, s: &SnapshotRow) -> SnapshotObject {
         SnapshotObject {
             id: s.id.clone(),
@@ -92,8 +107,15 @@ impl Sandboxes {
             )));
         }
         let live = self.live(id);
+        let snap_id = self.fresh_snapshot_id()?;
         let snap = self
-            .write_checkpoint(&row, (&handle, &disk), live.as_deref(), id, row.env.clone())
+            .write_checkpoint(
+                &row,
+                (&handle, &disk),
+                live.as_deref(),
+                (&snap_id, id),
+                row.env.clone(),
+            )
             .await?;
         // Its restores (forks) mount the same buckets again, with the same export keys.
         self.db.snapshot_mounts(id, &snap.id)?;
@@ -101,8 +123,8 @@ impl Sandboxes {
         Ok(self.snapshot_api(&snap))
     }
 
-    /// Writes a checkpoint of the VM `handle` of sandbox `row` (its disk `disk`) into a new snapshot directory
-    /// and inserts its row with `source` as its sandbox and `env` as what its restores inherit: the guest's
+    /// Writes a checkpoint of the VM `handle` of sandbox `row` (its disk `disk`) into new snapshot directory
+    /// `snap_id` and inserts its row with `source` as its sandbox and `env` as what its restores inherit: the guest's
     /// file systems are flushed first (through `live`'s agent, when connected), the agent channel is
     /// re-established if the VMM reset it, the snapshot is hashed in the background and offered to the
     /// storage bucket.
@@ -111,7 +133,7 @@ impl Sandboxes {
         row: &crate::db::SandboxRow,
         (handle, disk): (&hearth_vmm::VmHandle, &std::path::Path),
         live: Option<&super::agent::Live>,
-        source: &str,
+        (snap_id, source): (&str, &str),
         env: std::collections::BTreeMap<String, String>,
     ) -> Result<SnapshotRow, ServiceError> {
         if let Some(live) = live {
@@ -123,10 +145,6 @@ impl Sandboxes {
         let parent = self.settings.paths.snapshots_dir();
         std::fs::create_dir_all(&parent)
             .map_err(|e| ServiceError::Internal(format!("creating {}: {e}", parent.display())))?;
-        let mut snap_id = new_snapshot_id();
-        while self.db.get_snapshot(&snap_id)?.is_some() {
-            snap_id = new_snapshot_id();
-        }
         let created = now_ms();
         let meta = SnapshotMeta {
             template: &row.template,
@@ -134,7 +152,7 @@ impl Sandboxes {
             mode: SnapshotMode::Checkpoint,
             created_at: created,
         };
-        let written = snapshot::write(self.vmm.as_ref(), handle, disk, &parent, &snap_id, meta).await;
+        let written = snapshot::write(self.vmm.as_ref(), handle, disk, &parent, snap_id, meta).await;
         if self.vmm.snapshot_resets_agent_channel()
             && let Some(live) = live
         {
@@ -142,13 +160,13 @@ impl Sandboxes {
         }
         let manifest = written?;
         if manifest.info.disk.is_none() {
-            let _ = std::fs::remove_dir_all(parent.join(&snap_id));
+            self.remove_snapshot_dir(snap_id).await;
             return Err(ServiceError::VmmFailed(
                 "the driver's checkpoint has no disk copy".into(),
             ));
         }
         let snap = SnapshotRow {
-            id: snap_id.clone(),
+            id: snap_id.to_string(),
             sandbox_id: source.to_string(),
             created_at_ms: created,
             size_bytes: manifest.size_bytes(),
@@ -158,11 +176,11 @@ impl Sandboxes {
             env,
         };
         if let Err(e) = self.db.insert_snapshot(&snap) {
-            let _ = std::fs::remove_dir_all(parent.join(&snap_id));
+            self.remove_snapshot_dir(snap_id).await;
             return Err(e.into());
         }
-        super::integrity::hash_in_background(parent.join(&snap_id), manifest.fingerprinted());
-        self.storage_committed(super::remote::Kind::Snapshot, &snap_id, created, snap.size_bytes);
+        super::integrity::hash_in_background(parent.join(snap_id), manifest.fingerprinted());
+        self.storage_committed(super::remote::Kind::Snapshot, snap_id, created, snap.size_bytes);
         Ok(snap)
     }
 
@@ -218,7 +236,7 @@ impl Sandboxes {
             for c in &children {
                 let _ = this.destroy(&c.id, "fork-failed").await;
             }
-            let _ = self.delete_snapshot(&snap.id);
+            let _ = self.delete_snapshot(&snap.id).await;
             return Err(e);
         }
         Ok(ForkResponse {
@@ -232,7 +250,7 @@ impl Sandboxes {
             .db
             .list_snapshots()?
             .iter()
-            .filter(|s| !is_boot_snapshot(s))
+            .filter(|s| self.is_users(s))
             .map(|s| self.snapshot_api(s))
             .collect())
     }
@@ -245,13 +263,13 @@ impl Sandboxes {
         let row = self
             .db
             .get_snapshot(id)?
-            .filter(|s| !is_boot_snapshot(s))
+            .filter(|s| self.is_users(s))
             .ok_or_else(not_found)?;
         Ok(self.snapshot_api(&row))
     }
 
     /// Deletes a snapshot nobody's disk depends on.
-    pub fn delete_snapshot(&self, id: &str) -> Result<(), ServiceError> {
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), ServiceError> {
         self.get_snapshot(id)?;
         let users = self.db.delete_snapshot_unless_used(id)?;
         if !users.is_empty() {
@@ -260,13 +278,9 @@ impl Sandboxes {
                 users.join(", ")
             )));
         }
-        let dir = self.settings.paths.snapshot_dir(id);
-        if let Err(e) = std::fs::remove_dir_all(&dir)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(snapshot = %id, error = %e, "removing the snapshot directory failed");
-        }
         self.storage_deleted(super::remote::Kind::Snapshot, id);
+        // Started before the first await: a caller that goes away (a closed connection) does not stop it.
+        self.remove_snapshot_dir(id).await;
         Ok(())
     }
 }

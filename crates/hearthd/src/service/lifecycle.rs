@@ -8,7 +8,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::time::Duration;
 
-use hearth_api::{Capacity, CreateSandboxRequest, OnTimeout, Sandbox, SandboxState, SystemInfo};
+use hearth_api::{Capacity, CreateSandboxRequest, ErrorCode, OnTimeout, Sandbox, SandboxState, SystemInfo};
 use hearth_vmm::{DiskFormat, VmHandle, VmSpec};
 use rand::RngCore;
 use tokio::time::Instant;
@@ -235,7 +235,8 @@ impl Sandboxes {
 
     /// [`Self::create`], recording `parent` as the new sandbox's parent (forks). A create from a template
     /// restores its boot snapshot when there is one ([`super::warm`]); if that restore fails, the boot
-    /// snapshot is retired and the create boots.
+    /// snapshot is retired and the create boots (and saves a new one); if the storage bucket does not answer
+    /// the fetch of an evicted one, the create boots and the boot snapshot stays for later creates.
     pub(crate) async fn create_child(
         self: &std::sync::Arc<Self>,
         req: CreateSandboxRequest,
@@ -245,7 +246,11 @@ impl Sandboxes {
         match self.warm_plan(&mut warm_req, true) {
             Some(Warm::Restore { snapshot }) => {
                 match self.create_attempt(warm_req, parent.clone(), None).await {
-                    Err(e @ (ServiceError::VmmFailed(_) | ServiceError::SnapshotCorrupt(_))) => {
+                    Err(
+                        e @ (ServiceError::VmmFailed(_)
+                        | ServiceError::SnapshotCorrupt(_)
+                        | ServiceError::Typed(ErrorCode::StorageCorrupt, _)),
+                    ) => {
                         tracing::warn!(snapshot = %snapshot, error = %e,
                         "restoring the boot snapshot failed; retiring it and booting");
                         self.retire_boot_snapshot(&snapshot);
@@ -255,6 +260,11 @@ impl Sandboxes {
                             _ => None,
                         };
                         self.create_attempt(req, parent, save).await
+                    }
+                    Err(e @ ServiceError::Typed(ErrorCode::StorageUnavailable, _)) => {
+                        tracing::warn!(snapshot = %snapshot, error = %e,
+                        "the boot snapshot could not be fetched from the storage bucket; booting");
+                        self.create_attempt(req, parent, None).await
                     }
                     done => done,
                 }

@@ -184,6 +184,8 @@ pub struct Settings {
     pub max_snapshots_per_sandbox: usize,
     /// Creates from a template restore its boot snapshot at the create's shape ([`warm`], `--warm-creates`).
     pub warm_creates: bool,
+    /// Boot snapshots kept at once, the least recently restored retired first (`--boot-snapshots-max`).
+    pub boot_snapshots_max: usize,
     /// What a running second costs against a project's budget ([`quota::CreditPrices`]).
     pub credit_prices: quota::CreditPrices,
 }
@@ -268,6 +270,19 @@ impl Sandboxes {
 }
 
 /// Milliseconds since the Unix epoch.
+/// Removes directory `dir` and everything in it, off the async runtime (a snapshot or template is gigabytes
+/// of files); one already gone is no error. A failure is logged as removing `what`.
+pub(crate) async fn remove_dir_off_runtime(dir: std::path::PathBuf, what: &str) {
+    let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+    match removed {
+        Ok(Err(e)) if e.kind() != std::io::ErrorKind::NotFound => {
+            tracing::warn!(error = %e, "removing {what} failed");
+        }
+        Err(e) => tracing::warn!(error = %e, "removing {what}: task failed"),
+        Ok(_) => {}
+    }
+}
+
 pub fn now_ms() -> i64 {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

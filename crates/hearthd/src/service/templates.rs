@@ -323,7 +323,7 @@ impl Sandboxes {
         let _pin = self.cache_pin(&[(super::remote::Kind::Snapshot, snap.id.clone())]);
         let result = self.flatten(&name, &snap.id).await;
         let keep_snapshot = include_memory && result.is_ok();
-        if !keep_snapshot && let Err(e) = self.delete_snapshot(&snap.id) {
+        if !keep_snapshot && let Err(e) = self.delete_snapshot(&snap.id).await {
             tracing::warn!(snapshot = %snap.id, error = %e, "dropping the template's checkpoint");
         }
         let size_bytes = result?;
@@ -337,7 +337,7 @@ impl Sandboxes {
         if let Err(e) = self.db.insert_template(&row) {
             let _ = std::fs::remove_dir_all(self.settings.paths.user_templates_dir().join(&name));
             if keep_snapshot {
-                let _ = self.delete_snapshot(&snap.id);
+                let _ = self.delete_snapshot(&snap.id).await;
             }
             return Err(e.into());
         }
@@ -577,7 +577,7 @@ impl Sandboxes {
     }
 
     /// Deletes a saved template nobody uses.
-    pub fn delete_template(&self, name: &str) -> Result<(), ServiceError> {
+    pub async fn delete_template(&self, name: &str) -> Result<(), ServiceError> {
         let t = self.get_template(name)?;
         if t.builtin {
             return Err(ServiceError::Conflict(format!(
@@ -591,23 +591,24 @@ impl Sandboxes {
                 users.join(", ")
             )));
         }
-        if let Some(snap) = &t.snapshot_id
-            && let Err(e) = self.delete_snapshot(snap)
-        {
-            tracing::warn!(template = %name, snapshot = %snap, error = %e, "removing the template's snapshot");
-        }
-        let dir = self.settings.paths.user_templates_dir().join(name);
-        if let Err(e) = std::fs::remove_dir_all(&dir)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(template = %name, error = %e, "removing the template directory failed");
-        }
         self.storage_deleted(super::remote::Kind::Template, name);
-        // Its boot snapshots are retired (and deleted once no sandbox builds on them).
-        if let Ok(this) = self.arc() {
-            tokio::spawn(async move { this.sweep_boot_snapshots().await });
-        }
-        Ok(())
+        // The files go in a task of their own (a caller that goes away does not stop it halfway), then its boot
+        // snapshots are retired (and deleted once no sandbox builds on them).
+        let this = self.arc()?;
+        let name = name.to_string();
+        let cleanup = tokio::spawn(async move {
+            if let Some(snap) = &t.snapshot_id
+                && let Err(e) = this.delete_snapshot(snap).await
+            {
+                tracing::warn!(template = %name, snapshot = %snap, error = %e, "removing the template's snapshot");
+            }
+            let dir = this.settings.paths.user_templates_dir().join(&name);
+            super::remove_dir_off_runtime(dir, &format!("template directory {name}")).await;
+            this.sweep_boot_snapshots().await;
+        });
+        cleanup
+            .await
+            .map_err(|e| ServiceError::Internal(format!("template cleanup task: {e}")))
     }
 }
 

@@ -15,7 +15,8 @@
 //! kernel images (path, inode, size, mtime), the shape, the VMM, and the network device the daemon gives
 //! sandboxes. When one of them changes (a rebuilt image, a saved template replaced, a daemon restarted with
 //! other flags), the key changes: the next create boots and saves a new one, and the old one is retired and
-//! deleted once no sandbox's disk builds on it ([`Sandboxes::sweep_boot_snapshots`]). A restore that fails (a
+//! deleted once no sandbox's disk builds on it ([`Sandboxes::sweep_boot_snapshots`]); so is the least recently
+//! restored one when a save makes more than `--boot-snapshots-max`. A restore that fails (a
 //! corrupted or truncated snapshot is refused by its manifest check before the VMM runs) retires the boot
 //! snapshot and the create boots instead: a warm create never fails where a cold one would succeed.
 //!
@@ -53,7 +54,14 @@ pub struct WarmState {
 
 impl WarmState {
     /// The boot snapshots recorded in `db`.
+    /// A boot snapshot whose save was cut off between its snapshot row and its record is adopted as retired
+    /// (and deleted by the start-up sweep).
     pub(crate) fn load(db: &Db) -> Self {
+        match db.adopt_unrecorded_boot_snapshots() {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(count = n, "boot snapshots whose save was cut off are retired"),
+            Err(e) => tracing::warn!(error = %e, "adopting boot snapshots"),
+        }
         let ids = db
             .list_boot_snapshots()
             .map(|rows| rows.into_iter().map(|r| r.snapshot_id).collect())
@@ -67,7 +75,8 @@ impl WarmState {
         }
     }
 
-    /// Whether snapshot `id` is a boot snapshot (live or retired).
+    /// Whether snapshot `id` is a boot snapshot (live, retired, or being saved): the one test of it (lists,
+    /// lookups, deletes, a sandbox's `snapshot_id`).
     pub(crate) fn is_boot(&self, id: &str) -> bool {
         self.ids.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
     }
@@ -186,9 +195,13 @@ impl Sandboxes {
         }
         let key = self.warm_key(&template, vcpus, memory_mib)?;
         if may_restore && let Ok(Some(snap)) = self.db.boot_snapshot_for(&key) {
+            // One evicted from the local cache comes back from the storage bucket, as any snapshot does.
             let present = self.db.get_snapshot(&snap).ok().flatten().is_some()
-                && self.settings.paths.snapshot_dir(&snap).is_dir();
+                && (self.settings.paths.snapshot_dir(&snap).is_dir() || self.evicted_to_storage(&snap));
             if present {
+                if let Err(e) = self.db.boot_snapshot_used(&snap, super::now_ms()) {
+                    tracing::warn!(snapshot = %snap, error = %e, "recording a boot snapshot's use");
+                }
                 req.template = Some(template);
                 req.snapshot = Some(snap.clone());
                 return Some(Warm::Restore { snapshot: snap });
@@ -207,6 +220,17 @@ impl Sandboxes {
             memory_mib,
             saving: self.warm.saving.clone(),
         }))
+    }
+
+    /// Whether snapshot `id`'s local copy was evicted while the storage bucket holds it (a create fetches it).
+    fn evicted_to_storage(&self, id: &str) -> bool {
+        self.storage().is_some()
+            && self
+                .db
+                .remote_get(&super::remote::Kind::Snapshot.object(id))
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.evicted_at_ms.is_some() && r.manifest_digest.is_some())
     }
 
     /// No create restores boot snapshot `id` any more; it is deleted by the next sweep no sandbox's disk
@@ -256,18 +280,33 @@ impl Sandboxes {
             return;
         };
         let started = Instant::now();
+        let snap_id = match self.fresh_snapshot_id() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "no boot snapshot id; the sandbox runs on without one");
+                return;
+            }
+        };
+        // A boot snapshot from before its row exists: never shown as a user's snapshot, not even while saved.
+        self.warm.set_boot(&snap_id, true);
         let saved = self
-            .write_checkpoint(&row, (&handle, &disk), Some(live), "", BTreeMap::new())
+            .write_checkpoint(
+                &row,
+                (&handle, &disk),
+                Some(live),
+                (&snap_id, ""),
+                BTreeMap::new(),
+            )
             .await;
         let snap = match saved {
             Ok(snap) => snap,
             Err(e) => {
+                self.warm.set_boot(&snap_id, false);
                 tracing::warn!(sandbox = %id, template = %ticket.template, error = %e,
                     "saving the boot snapshot failed; the sandbox runs on without one");
                 return;
             }
         };
-        self.warm.set_boot(&snap.id, true);
         let record = BootSnapshotRow {
             snapshot_id: snap.id.clone(),
             key: Some(ticket.key.clone()),
@@ -279,13 +318,23 @@ impl Sandboxes {
         if let Err(e) = self.db.record_boot_snapshot(&record) {
             tracing::warn!(snapshot = %snap.id, error = %e, "recording the boot snapshot failed; removing it");
             let _ = self.db.delete_snapshot_unless_used(&snap.id);
-            self.remove_snapshot_files(&snap.id).await;
+            self.remove_snapshot_dir(&snap.id).await;
+            self.storage_deleted(super::remote::Kind::Snapshot, &snap.id);
             self.warm.set_boot(&snap.id, false);
             return;
         }
         tracing::info!(sandbox = %id, snapshot = %snap.id, template = %ticket.template, vcpus = ticket.vcpus,
             memory_mib = ticket.memory_mib, bytes = snap.size_bytes, secs = started.elapsed().as_secs_f64(),
             "boot snapshot saved");
+        match self
+            .db
+            .retire_boot_snapshots_beyond(self.settings.boot_snapshots_max)
+        {
+            Ok(gone) if !gone.is_empty() => tracing::info!(snapshots = ?gone,
+                max = self.settings.boot_snapshots_max, "least recently restored boot snapshots retired"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "retiring boot snapshots beyond the limit"),
+        }
         self.sweep_boot_snapshots().await;
     }
 
@@ -309,7 +358,7 @@ impl Sandboxes {
             }
             match self.db.delete_retired_boot_snapshot(&r.snapshot_id) {
                 Ok(true) => {
-                    self.remove_snapshot_files(&r.snapshot_id).await;
+                    self.remove_snapshot_dir(&r.snapshot_id).await;
                     self.warm.set_boot(&r.snapshot_id, false);
                     self.storage_deleted(super::remote::Kind::Snapshot, &r.snapshot_id);
                     tracing::info!(snapshot = %r.snapshot_id, template = %r.template, "retired boot snapshot deleted");
@@ -317,17 +366,6 @@ impl Sandboxes {
                 Ok(false) => {}
                 Err(e) => tracing::warn!(snapshot = %r.snapshot_id, error = %e, "deleting a boot snapshot"),
             }
-        }
-    }
-
-    /// Removes snapshot `id`'s directory (its row is gone), off the async runtime.
-    async fn remove_snapshot_files(&self, id: &str) {
-        let dir = self.settings.paths.snapshot_dir(id);
-        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
-        if let Ok(Err(e)) = removed
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(snapshot = %id, error = %e, "removing a snapshot directory failed");
         }
     }
 }

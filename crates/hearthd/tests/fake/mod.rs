@@ -305,6 +305,7 @@ pub fn fixture(connects: usize) -> Fixture {
         agent_unresponsive: Duration::from_secs(3),
         max_snapshots_per_sandbox: 64,
         warm_creates: false,
+        boot_snapshots_max: 8,
         credit_prices: Default::default(),
     };
     let svc = Sandboxes::new(
