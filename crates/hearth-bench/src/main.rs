@@ -22,6 +22,7 @@ mod net;
 mod state;
 mod stats;
 mod storage_rows;
+mod warm_ab;
 
 use std::time::{Duration, Instant};
 
@@ -166,6 +167,14 @@ struct Args {
     /// `HEARTH_IMAGES=DIR` to compare two image sets (e.g. two guest kernels).
     #[arg(long)]
     idle_compare_env: Vec<String>,
+    /// Only warm creates against cold boots (template `--template`, `--memory-mib`): two private daemons, A
+    /// with `--warm-creates off` and B with it on, creates alternating; then each one's idle memory, first
+    /// pause and resume.
+    #[arg(long, conflicts_with_all = ["only_net", "external", "only_boot", "only_mounts", "kvm_host", "only_abuse", "only_storage", "only_idle"])]
+    only_warm: bool,
+    /// Alternating create pairs of `--only-warm`.
+    #[arg(long, default_value_t = 5)]
+    warm_rounds: usize,
 }
 
 /// The `KEY=VALUE` words of `flag`, split.
@@ -246,6 +255,9 @@ async fn main() -> Result<()> {
     if args.only_storage {
         return only_storage(&args).await;
     }
+    if args.only_warm {
+        return warm_ab::only_warm(&args).await;
+    }
     // A private daemon's sandboxes reach only the bench's fake internet, or no network at all.
     let network_off = std::env::var("HEARTH_NETWORK").is_ok_and(|v| v == "off");
     if network_off && !args.no_net && !args.external {
@@ -259,10 +271,12 @@ async fn main() -> Result<()> {
     let daemon = if args.external {
         daemon::Daemon::external()?
     } else {
-        let flags = match &fake {
+        let mut flags = match &fake {
             Some(f) => f.daemon_flags(),
             None => vec!["--network".to_owned(), "off".to_owned()],
         };
+        // Its creates are cold boots, as the rows say (warm creates against them: `--only-warm`).
+        flags.extend(["--warm-creates".to_owned(), "off".to_owned()]);
         daemon::Daemon::spawn(args.hearthd.clone(), &flags).await?
     };
     let client = daemon.client.clone();

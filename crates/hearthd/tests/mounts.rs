@@ -1,8 +1,9 @@
 //! Buckets mounted in real VMs (QEMU), served by the daemon's NFS server on the sandbox's gateway, backed by a
 //! real S3 server on loopback: data flows both ways through a prefix, another sandbox and a plain S3 client see
 //! what one wrote, read-only mounts refuse every write with EROFS and leave the bucket as it was, unsupported
-//! operations get their documented errno, mounts work with egress denied, attach/detach at run time, and bad
-//! input is refused with a typed error before anything is made.
+//! operations get their documented errno, mounts work with egress denied, attach/detach at run time, a warm
+//! create restores its template's boot snapshot and then mounts (and never saves a boot snapshot with mounts),
+//! and bad input is refused with a typed error before anything is made.
 
 #![allow(clippy::unwrap_used)]
 
@@ -279,6 +280,53 @@ async fn mounts_work_with_egress_denied_and_attach_detach_at_run_time() {
     f.d.destroy(id).await;
     let (st, _) = f.d.call(Method::DELETE, "/v1/buckets/data", None).await;
     assert_eq!(st, StatusCode::NO_CONTENT, "deletable once nothing mounts it");
+}
+
+#[tokio::test]
+async fn a_warm_create_restores_the_boot_snapshot_then_mounts() {
+    let _vm = common::VM_LOCK.lock().await;
+    let f = Fixture::start_with("10.213.95.0/24", S3Kind::S3sFs, &["--warm-creates", "on"]).await;
+    f.register("data", "s3://bkt").await;
+    f.put("w/seed.txt", b"seed\n").await;
+    let saved = |f: &Fixture| f.d.log().matches("boot snapshot saved").count();
+    let restores = |f: &Fixture| {
+        f.d.log()
+            .lines()
+            .filter(|l| l.contains("snapshot verified"))
+            .count()
+    };
+    let mount = json!([{"path": "/mnt/w", "bucket": "data", "prefix": "w"}]);
+
+    // A create with mounts and no boot snapshot yet boots, and saves none (its guest has mounted the bucket).
+    let first = f.d.create(json!({"template": "minimal", "mounts": mount})).await;
+    assert_eq!(saved(&f), 0, "{}", f.d.log());
+    assert_eq!(f.ok(&first.id, "cat /mnt/w/seed.txt").await, "seed\n");
+    // One without mounts saves it.
+    let plain = f.d.create(json!({"template": "minimal"})).await;
+    assert_eq!(saved(&f), 1, "{}", f.d.log());
+    assert_eq!(
+        f.ok(&plain.id, "grep -c /mnt/w /proc/mounts || true").await,
+        "0\n"
+    );
+
+    // The next create with mounts restores it, then mounts: the bucket reads and writes through the prefix.
+    let warm = f.d.create(json!({"template": "minimal", "mounts": mount})).await;
+    assert_eq!(restores(&f), 1, "restored from the boot snapshot: {}", f.d.log());
+    assert_eq!(saved(&f), 1);
+    assert_eq!(warm.snapshot_id, None);
+    assert_eq!(f.ok(&warm.id, "hostname").await.trim(), warm.id.replace('_', "-"));
+    assert_eq!(f.ok(&warm.id, "cat /mnt/w/seed.txt").await, "seed\n");
+    f.ok(&warm.id, "echo from-warm > /mnt/w/out.txt && sync").await;
+    assert_eq!(f.get("w/out.txt").await.as_deref(), Some(&b"from-warm\n"[..]));
+    let (_, m) =
+        f.d.call(Method::GET, &format!("/v1/sandboxes/{}/mounts", warm.id), None)
+            .await;
+    assert_eq!(m["mounts"].as_array().map(Vec::len), Some(1), "{m}");
+    // The first sandbox sees what the warm one wrote.
+    assert_eq!(f.ok(&first.id, "cat /mnt/w/out.txt").await, "from-warm\n");
+    for id in [&first.id, &plain.id, &warm.id] {
+        f.d.destroy(id).await;
+    }
 }
 
 #[tokio::test]

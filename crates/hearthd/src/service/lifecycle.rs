@@ -209,7 +209,10 @@ impl Sandboxes {
             return Err(ServiceError::NotFound(format!("template {template} not found")));
         }
         let mut net = self.plan_network(req.network.as_ref(), &req.networks, req.name.as_deref())?;
-        net.mounts = self.plan_mounts(&req.mounts, req.snapshot.as_deref())?;
+        // A boot snapshot has no mounts of its own: a warm create gets the ones it asks for, made after the
+        // restore like a cold create's after its boot.
+        let inherit_from = req.snapshot.as_deref().filter(|s| !self.warm.is_boot(s));
+        net.mounts = self.plan_mounts(&req.mounts, inherit_from)?;
         Ok(CreatePlan {
             template: label.unwrap_or(template),
             vcpus,
@@ -541,16 +544,18 @@ impl Sandboxes {
                 .map_err(|_| "guest agent did not answer a ping".to_string())?
                 .map_err(|e| format!("guest agent ping: {e}"))?;
         }
-        if restore.is_none() {
-            // A restored guest has its mounts already (they are in its memory).
-            self.mount_in_guest(&row.id, &client)
-                .await
-                .map_err(|e| format!("mounting buckets: {e}"))?;
-        }
         if let Some(outcome) = post_restore {
             super::pause::finish_post_restore(&client, &row.id, identity, outcome)
                 .await
                 .map_err(|e| format!("post-restore setup: {e}"))?;
+        }
+        // A restored guest has its mounts already (they are in its memory), except one restored from a boot
+        // snapshot, which has none (mounted after its clock and entropy are the sandbox's own).
+        let from_boot_snapshot = row.snapshot_id.as_deref().is_some_and(|s| self.warm.is_boot(s));
+        if restore.is_none() || from_boot_snapshot {
+            self.mount_in_guest(&row.id, &client)
+                .await
+                .map_err(|e| format!("mounting buckets: {e}"))?;
         }
         Ok(std::sync::Arc::new(Live::new(
             row.id.clone(),

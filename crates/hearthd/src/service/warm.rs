@@ -8,8 +8,9 @@
 //! copy, guest memory faulted in from its file as the guest touches it, and, before any user code, the
 //! post-restore setup forks get (a new hostname and machine-id, the host's clock, fresh entropy reseeding the
 //! kernel RNG). What a boot snapshot holds is the guest as it booted: no command ran, no environment variable
-//! (a sandbox's environment is sent with each command), no bucket mount (a create with mounts always boots);
-//! so one project's create may restore a boot snapshot another project's create saved.
+//! (a sandbox's environment is sent with each command), no bucket mount (a create with mounts never saves one;
+//! it may restore one, then mounts its buckets as a booted guest does); so one project's create may restore a
+//! boot snapshot another project's create saved.
 //!
 //! A boot snapshot is keyed by a fingerprint of everything the guest booted from: the template image and the
 //! kernel images (path, inode, size, mtime), the shape, the VMM, and the network device the daemon gives
@@ -164,15 +165,12 @@ impl Sandboxes {
     }
 
     /// Decides what create `req` does about boot snapshots. With warm creates on, a request for a template
-    /// (not a snapshot, a synced disk, a memory template, or bucket mounts) restores the template's boot
-    /// snapshot at its shape when there is one and `may_restore` (`req` then names it), or gets the ticket to
-    /// save one when no other create holds it.
+    /// (not a snapshot, a synced disk or a memory template) restores the template's boot snapshot at its shape
+    /// when there is one and `may_restore` (`req` then names it), or gets the ticket to save one when no other
+    /// create holds it. A create with bucket mounts may restore (its mounts are made after the restore) but
+    /// never saves: its guest has mounted them before a save could run.
     pub(crate) fn warm_plan(&self, req: &mut CreateSandboxRequest, may_restore: bool) -> Option<Warm> {
-        if !self.settings.warm_creates
-            || req.snapshot.is_some()
-            || req.from_sync.is_some()
-            || !req.mounts.is_empty()
-        {
+        if !self.settings.warm_creates || req.snapshot.is_some() || req.from_sync.is_some() {
             return None;
         }
         let template = req
@@ -208,6 +206,9 @@ impl Sandboxes {
             }
             tracing::warn!(snapshot = %snap, "boot snapshot is gone; booting to save a new one");
             self.retire_boot_snapshot(&snap);
+        }
+        if !req.mounts.is_empty() {
+            return None;
         }
         let mut saving = self.warm.saving.lock().unwrap_or_else(|p| p.into_inner());
         if !saving.insert(key.clone()) {

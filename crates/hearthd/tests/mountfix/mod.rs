@@ -58,12 +58,17 @@ impl Fixture {
     }
 
     pub async fn start_kind(range: &str, kind: S3Kind) -> Fixture {
+        Self::start_with(range, kind, &[]).await
+    }
+
+    /// [`Self::start_kind`] with more daemon arguments.
+    pub async fn start_with(range: &str, kind: S3Kind, args: &[&str]) -> Fixture {
         let s3 = tokio::task::spawn_blocking(move || S3Server::start(kind, BUCKET))
             .await
             .unwrap();
         let host =
             hearth_mount::Bucket::new(store_config(&s3, SECRET_ACCESS_KEY), Default::default()).unwrap();
-        let d = Daemon::start_opts(options(range)).await;
+        let d = Daemon::start_opts(options(range).args(args)).await;
         Fixture { s3, host, d }
     }
 
