@@ -19,10 +19,10 @@ pub const MIGRATION: &str = "CREATE TABLE boot_snapshots (
         created_at  INTEGER NOT NULL       -- unix milliseconds
     );";
 
-/// One boot snapshot as recorded.
 /// When each boot snapshot was last restored (NULL: never; its creation counts).
 pub const USED_AT_MIGRATION: &str = "ALTER TABLE boot_snapshots ADD COLUMN used_at INTEGER;";
 
+/// One boot snapshot as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootSnapshotRow {
     pub snapshot_id: String,
@@ -73,7 +73,6 @@ impl Db {
         Ok(())
     }
 
-    /// Retires boot snapshot `snapshot_id`: no create restores it any more.
     /// Records that boot snapshot `snapshot_id` was restored at `now_ms`.
     pub fn boot_snapshot_used(&self, snapshot_id: &str, now_ms: i64) -> Result<(), DbError> {
         self.lock().execute(
@@ -108,6 +107,7 @@ impl Db {
         Ok(ids)
     }
 
+    /// Retires boot snapshot `snapshot_id`: no create restores it any more.
     pub fn retire_boot_snapshot(&self, snapshot_id: &str) -> Result<(), DbError> {
         self.lock().execute(
             "UPDATE boot_snapshots SET key = NULL WHERE snapshot_id = ?1",
@@ -138,8 +138,6 @@ impl Db {
         Ok(rows)
     }
 
-    /// Deletes retired boot snapshot `snapshot_id` (its row here and its `snapshots` row) unless a sandbox's
-    /// disk builds on it or it is not retired. Returns whether it was deleted.
     /// Records as retired every snapshot taken from no sandbox (a boot snapshot's row, `sandbox_id` empty)
     /// that has no boot snapshot record: one whose save was cut off (a crash) between its snapshot row and
     /// its record. Returns how many. Run at start-up, before any save can be between the two.
@@ -152,6 +150,8 @@ impl Db {
         )?)
     }
 
+    /// Deletes retired boot snapshot `snapshot_id` (its row here and its `snapshots` row) unless a sandbox's
+    /// disk builds on it or it is not retired. Returns whether it was deleted.
     pub fn delete_retired_boot_snapshot(&self, snapshot_id: &str) -> Result<bool, DbError> {
         let mut conn = self.lock();
         let tx = conn.transaction()?;
