@@ -2,8 +2,9 @@
 //! at once (`--network off`, the same images): A with `--warm-creates off`, B with `--warm-creates on`. B's
 //! first create of the shape boots and saves the boot snapshot; then, `--warm-rounds` times, a create on A and
 //! one on B alternate (each to its first command, then destroyed), so both see the same machine load. The last
-//! round's two sandboxes stay for what a warm create changes later in a sandbox's life: its idle VMM memory,
-//! its first pause (16 MiB dirtied first) and the resume after it.
+//! round's two sandboxes stay for what a warm create changes later in a sandbox's life: its idle memory (the
+//! VMM's PSS, and the host memory [`crate::idle`] counts: PSS with the guest's memory file counted as its pages
+//! in the page cache), its first pause (16 MiB dirtied first) and the resume after it.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use crate::{Args, cold_create, daemon, true_cmd};
 #[derive(Default)]
 struct Side {
     creates: Samples,
-    idle_pss_kib: Option<u64>,
+    idle: Option<crate::idle::VmmMemory>,
     pause: Option<Duration>,
     resume: Option<Duration>,
 }
@@ -38,7 +39,7 @@ fn mib(kib: Option<u64>) -> String {
 async fn pause_cycle(client: &Client, sbx: &Sandbox, side: &mut Side) -> Result<()> {
     // Let the guest settle as an idle sandbox would before its memory is read.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    side.idle_pss_kib = daemon::vmm_pss_kib(&sbx.id);
+    side.idle = crate::idle::vmm_memory(&sbx.id);
     let dirty = hearth_api::RunCommandRequest {
         cmd: Some("dd if=/dev/urandom of=/dev/shm/dirty bs=1M count=16 2>/dev/null".to_owned()),
         ..Default::default()
@@ -110,7 +111,19 @@ pub async fn only_warm(args: &Args) -> Result<()> {
         ),
         Row::value(
             "idle VMM PSS 2 s after create: A cold / B warm",
-            format!("{} / {}", mib(cold.idle_pss_kib), mib(warm.idle_pss_kib)),
+            format!(
+                "{} / {}",
+                mib(cold.idle.map(|m| m.pss)),
+                mib(warm.idle.map(|m| m.pss))
+            ),
+        ),
+        Row::value(
+            "idle host memory 2 s after create (PSS + its memory file's page cache): A cold / B warm",
+            format!(
+                "{} / {}",
+                mib(cold.idle.map(|m| m.host())),
+                mib(warm.idle.map(|m| m.host()))
+            ),
         ),
         Row::value(
             "first pause, 16 MiB dirtied: A cold / B warm",

@@ -445,6 +445,18 @@ pub trait Vmm: Send + Sync {
             operation: "restore".to_owned(),
         })
     }
+
+    /// [`Vmm::restore`] for a VM that then lives as any booted one (a warm create from a boot snapshot), not
+    /// as one of a fork's children sharing a base: the driver may give it a copy of the snapshot's memory of
+    /// its own, so that its pauses cost what a booted VM's do. Never modifies the files in `snapshot`.
+    async fn restore_as_own(
+        &self,
+        spec: &VmSpec,
+        snapshot: &std::path::Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.restore(spec, snapshot, info).await
+    }
 }
 
 /// Whether the environment variable `var` (comma-separated feature names, e.g. `HEARTH_QEMU_FEATURES_OFF`)

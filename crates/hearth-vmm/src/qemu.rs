@@ -659,6 +659,15 @@ impl Vmm for QemuVmm {
         self.restore_from(spec, snapshot, info).await
     }
 
+    async fn restore_as_own(
+        &self,
+        spec: &VmSpec,
+        snapshot: &Path,
+        info: &SnapshotInfo,
+    ) -> Result<VmHandle, VmmError> {
+        self.restore_own_from(spec, snapshot, info).await
+    }
+
     async fn resume(
         &self,
         spec: &VmSpec,

@@ -12,6 +12,9 @@
 //! own anonymous memory, the file stays as it was, and any number of VMs share its page cache. Such a VM's RAM
 //! is not in a file of its own, so its first pause writes the RAM into the migration stream (what it touched,
 //! zero pages skipped) and its resume loads that into a fresh memory file; from then on it is like any other.
+//! A warm create's VM, restored from a boot snapshot to live on as a booted one would (`Vmm::restore_as_own`),
+//! gets a copy of the snapshot's memory file as its own instead (a reflink, else the file's data extents): the
+//! restore pays for the copy, and its first pause is a flush like a booted VM's.
 //!
 //! Free page reporting (`virtio-balloon-device,free-page-reporting=on`) lets an idle guest hand memory it does
 //! not use back: QEMU punches those pages out of the memory file, so neither host memory nor the snapshot keeps

@@ -496,7 +496,14 @@ impl Sandboxes {
             },
             net,
         };
+        // A warm create's VM lives on as a booted one would: the driver may give it its own memory.
+        let from_boot_snapshot = row.snapshot_id.as_deref().is_some_and(|s| self.warm.is_boot(s));
         let vm = match &restore {
+            Some((snap, info)) if from_boot_snapshot => self
+                .vmm
+                .restore_as_own(&spec, snap, info)
+                .await
+                .map_err(|e| format!("restoring the VM: {e}"))?,
             Some((snap, info)) => self
                 .vmm
                 .restore(&spec, snap, info)
@@ -551,7 +558,6 @@ impl Sandboxes {
         }
         // A restored guest has its mounts already (they are in its memory), except one restored from a boot
         // snapshot, which has none (mounted after its clock and entropy are the sandbox's own).
-        let from_boot_snapshot = row.snapshot_id.as_deref().is_some_and(|s| self.warm.is_boot(s));
         if restore.is_none() || from_boot_snapshot {
             self.mount_in_guest(&row.id, &client)
                 .await
