@@ -5,8 +5,8 @@
 //! the ratios between the two VMMs, measured in the same run, mean something (docs/benchmarks.md).
 //! `--kvm-firecracker-env KEY=VALUE` adds a third setup, Firecracker again with that environment in L1's
 //! hearthd (e.g. `HEARTH_FIRECRACKER_FEATURES_OFF=boot-diff`), for an A/B of a driver feature in the same run.
-//! Firecracker's hearthd makes warm creates by default (the first create of a shape saves a boot snapshot, later
-//! ones restore it): `--kvm-firecracker-env HEARTH_WARM_CREATES=off` measures them against cold boots.
+//! hearthd makes warm creates by default, with both VMMs (the first create of a shape saves a boot snapshot, later
+//! ones restore it): `--kvm-firecracker-env HEARTH_WARM_CREATES=off` measures Firecracker's against cold boots.
 //! `--kvm-boots N` replaces the scenarios with a cold-boot soak of the Firecracker setups: N creates each,
 //! every failure counted (with its error) instead of ending the run, to tell a flaky boot path from noise.
 

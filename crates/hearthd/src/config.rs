@@ -38,7 +38,7 @@ pub enum NetworkChoice {
 /// Whether creates from a template restore a snapshot of it booted at the same shape (service/warm.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum WarmChoice {
-    /// On with Firecracker (the production path), off with QEMU.
+    /// On (both VMMs; the value is kept for configurations that name it).
     Auto,
     On,
     Off,
@@ -85,9 +85,9 @@ pub struct Args {
     pub max_snapshots_per_sandbox: usize,
     /// Warm creates: the first create of a template at a shape (vCPUs, memory) also saves the booted guest as a
     /// boot snapshot, and later creates of that template and shape restore it instead of booting a kernel (each
-    /// gets its own hostname, machine-id and fresh entropy, as forks do). Creates with bucket mounts always
-    /// boot. `auto`: on with Firecracker, off with QEMU.
-    #[arg(long, env = "HEARTH_WARM_CREATES", value_enum, default_value_t = WarmChoice::Auto)]
+    /// gets its own hostname, machine-id and fresh entropy, as forks do). A create with bucket mounts never
+    /// saves one and mounts after its restore. On by default with both VMMs (`auto` is the same as `on`).
+    #[arg(long, env = "HEARTH_WARM_CREATES", value_enum, default_value_t = WarmChoice::On)]
     pub warm_creates: WarmChoice,
     /// Boot snapshots of warm creates kept at once (one per template and shape; each holds a booted guest's
     /// memory file and a disk copy): when a new one would make more, the least recently restored is retired,

@@ -269,9 +269,8 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         agent_unresponsive: config::agent_unresponsive(args.agent_unresponsive_s, vmm.accel()),
         max_snapshots_per_sandbox: args.max_snapshots_per_sandbox.max(1),
         warm_creates: match args.warm_creates {
-            config::WarmChoice::On => true,
+            config::WarmChoice::On | config::WarmChoice::Auto => true,
             config::WarmChoice::Off => false,
-            config::WarmChoice::Auto => vmm.kind() == hearth_vmm::VmmKind::Firecracker,
         },
         boot_snapshots_max: args.boot_snapshots_max.max(1),
         credit_prices: crate::service::quota::CreditPrices {

@@ -107,7 +107,9 @@ async fn sandbox_state_lives_in_the_bucket() {
     let mut s3 = tokio::task::spawn_blocking(|| S3Server::start(S3Kind::S3sFs, BUCKET))
         .await
         .expect("s3 server");
-    let mut d = start_daemon_with(&s3, "hd", &[]).await;
+    // Cold boots: the bucket's objects below are the sandboxes' alone (a boot snapshot in the bucket is
+    // `warm.rs::an_evicted_boot_snapshot_comes_back_from_the_bucket`).
+    let mut d = start_daemon_with(&s3, "hd", &["--warm-creates", "off"]).await;
     let st = storage(&d).await;
     assert_eq!(st["health"], "ok", "{st}");
     let (_, system) = d.call(Method::GET, "/v1/system", None).await;

@@ -1,5 +1,5 @@
 //! Warm creates: a create from a template restores a snapshot of that template booted at the same shape,
-//! instead of booting a kernel (`--warm-creates`, on by default with Firecracker).
+//! instead of booting a kernel (`--warm-creates`, on by default).
 //!
 //! The first create of a template at a shape (vCPUs, memory) boots as always; once its agent answers, and while
 //! the sandbox is still `creating` (no command, file or PTY request can reach it: those need a running
