@@ -44,6 +44,25 @@ fn snapshot_dirs(d: &Daemon) -> Vec<String> {
     names
 }
 
+/// The memory file of boot snapshot `snap` (QEMU: `memory`, Firecracker: `vm.mem`).
+fn memory_file(d: &Daemon, snap: &str) -> std::path::PathBuf {
+    let dir = d.data_dir().join("snapshots").join(snap);
+    ["memory", "vm.mem"]
+        .iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
+        .expect("the boot snapshot's memory file")
+}
+
+/// SHA-256 of the file at `path`.
+fn digest(path: &std::path::Path) -> Vec<u8> {
+    use sha2::Digest;
+    let mut f = std::fs::File::open(path).expect("open");
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut f, &mut h).expect("read");
+    h.finalize().to_vec()
+}
+
 fn saved_count(d: &Daemon) -> usize {
     d.log().matches("boot snapshot saved").count()
 }
@@ -88,6 +107,7 @@ async fn creates_restore_the_boot_snapshot_with_their_own_identity() {
 
     // The next creates of the template and shape restore it: the same boot, their own identity and entropy,
     // their own environment, nothing the first sandbox did after its create, and no snapshot shown.
+    let boot_memory = digest(&memory_file(&d, &boot[0]));
     let mut b_ids = Vec::new();
     for n in 0..2 {
         let mut body = shape.clone();
@@ -135,6 +155,28 @@ async fn creates_restore_the_boot_snapshot_with_their_own_identity() {
             .and_then(|k| k.parse().ok())
             .expect("MemTotal");
         assert!((200 * 1024..=256 * 1024).contains(&kib), "{r:?}");
+        // It writes to its memory (a tmpfs file) and pauses and resumes: none of it reaches the boot snapshot.
+        let r = d
+            .sh(
+                &b.id,
+                "mkdir -p /mnt/w && mount -t tmpfs t /mnt/w && dd if=/dev/urandom of=/mnt/w/x bs=1M count=8 2>/dev/null",
+            )
+            .await;
+        assert_eq!(r.exit_code, 0, "{r:?}");
+        let (status, v) = d
+            .call(Method::POST, &format!("/v1/sandboxes/{}/pause", b.id), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        let (status, v) = d
+            .call(Method::POST, &format!("/v1/sandboxes/{}/resume", b.id), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(d.sh(&b.id, "ls -l /mnt/w/x | wc -l").await.stdout.trim(), "1");
+        assert_eq!(
+            digest(&memory_file(&d, &boot[0])),
+            boot_memory,
+            "the boot snapshot's memory is never written"
+        );
         b_ids.push(b.id);
     }
     // Boot snapshots are not snapshot objects: not listed, not deletable.
@@ -158,11 +200,7 @@ async fn creates_restore_the_boot_snapshot_with_their_own_identity() {
     // A corrupted boot snapshot (its memory file cut short) is refused by its manifest check before the VMM
     // runs: the create boots instead and saves a new one, which the next create restores.
     let dir = d.data_dir().join("snapshots").join(&boot[0]);
-    let memory = ["memory", "vm.mem"]
-        .iter()
-        .map(|n| dir.join(n))
-        .find(|p| p.is_file())
-        .expect("the boot snapshot's memory file");
+    let memory = memory_file(&d, &boot[0]);
     let len = std::fs::metadata(&memory).expect("stat").len();
     std::fs::OpenOptions::new()
         .write(true)
