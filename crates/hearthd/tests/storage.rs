@@ -11,7 +11,6 @@
 mod common;
 mod storagefix;
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -19,7 +18,10 @@ use common::{Daemon, VM_LOCK, test_vmm, wait_until};
 use hearth_testkit::s3::{S3Kind, S3Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use storagefix::{COUNTER, PREFIX, cli_storage_status, pause, poll_storage, start_daemon_with, storage};
+use storagefix::{
+    COUNTER, PREFIX, bucket_root, chunk_path, cli_storage_status, flip_byte, manifest_chunks, pause,
+    poll_storage, start_daemon_with, storage,
+};
 
 const BUCKET: &str = "hearth-state";
 
@@ -44,14 +46,6 @@ async fn resume(d: &Daemon, id: &str) -> (StatusCode, Value) {
         .await
 }
 
-/// The prefix's directory in the s3s-fs data directory.
-fn bucket_root(s3: &S3Server) -> PathBuf {
-    s3.data_dir()
-        .expect("s3s-fs keeps files")
-        .join(BUCKET)
-        .join(PREFIX)
-}
-
 /// Chunk objects in the bucket and their bytes.
 fn chunk_usage(s3: &S3Server) -> (usize, u64) {
     let files = hearth_testkit::s3::files_under(&bucket_root(s3).join("chunks"));
@@ -61,25 +55,6 @@ fn chunk_usage(s3: &S3Server) -> (usize, u64) {
         .map(|m| m.len())
         .sum();
     (files.len(), bytes)
-}
-
-/// The chunk ids an object's (plaintext) manifest references.
-fn manifest_chunks(s3: &S3Server, name: &str) -> Vec<String> {
-    let path = bucket_root(s3).join("manifests").join(name).join("MANIFEST");
-    let m: Value = serde_json::from_slice(&std::fs::read(&path).expect("manifest")).expect("json");
-    let mut ids = Vec::new();
-    for f in m["files"].as_array().cloned().unwrap_or_default() {
-        for c in f["chunks"].as_array().cloned().unwrap_or_default() {
-            if let Some(id) = c.as_str() {
-                ids.push(id.to_owned());
-            }
-        }
-    }
-    ids
-}
-
-fn chunk_path(s3: &S3Server, id: &str) -> PathBuf {
-    bucket_root(s3).join("chunks").join(&id[..2]).join(id)
 }
 
 fn mib(b: u64) -> f64 {
@@ -471,13 +446,6 @@ async fn wait_resynced(d: &Daemon, name: &str, old: &Value) -> Value {
         o["sync"] == "synced" && o["synced_at"] != old["synced_at"]
     })
     .await
-}
-
-fn flip_byte(path: &Path) {
-    let mut bytes = std::fs::read(path).expect("chunk");
-    let at = bytes.len() / 2;
-    bytes[at] ^= 0x40;
-    std::fs::write(path, bytes).expect("write chunk");
 }
 
 /// Starts hearthd with `args` and storage environment `env`, expects it to exit with an error; returns stderr.

@@ -5,7 +5,9 @@
 //! deleted once the last sandbox whose disk builds on it is gone; beyond `--boot-snapshots-max` the least
 //! recently restored goes. With a storage bucket (a real S3 server) and a
 //! local cache too small to keep it, a boot snapshot evicted from the local disk comes back from the bucket for
-//! the next create instead of being made again, and a create while the bucket is down boots and keeps it.
+//! the next create instead of being made again, a create while the bucket is down boots and keeps it, and one
+//! whose bucket copy was tampered with is refused by the fetch, retired and replaced. Deleting a saved template
+//! deletes its boot snapshot.
 
 mod common;
 mod storagefix;
@@ -16,7 +18,7 @@ use common::{Daemon, VM_LOCK};
 use hearth_testkit::s3::{S3Kind, S3Server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use storagefix::{poll_storage, start_daemon_with};
+use storagefix::{chunk_path, flip_byte, manifest_chunks, poll_storage, start_daemon_with};
 
 /// The guest's boot id (made when first read, so a restore that had not read it makes its own), hostname,
 /// machine-id and 16 random bytes, one per line.
@@ -362,8 +364,96 @@ async fn an_evicted_boot_snapshot_comes_back_from_the_bucket() {
         d.sh(&e.id, "hostname").await.stdout.trim(),
         e.id.replace('_', "-")
     );
-    for id in [&a.id, &c.id, &e.id] {
+
+    // Whoever can write the bucket cannot have a create restore what they wrote: with the local copy evicted
+    // again, one flipped bit in a chunk of the boot snapshot's object is caught by the fetch's chunk check, the
+    // create retires that boot snapshot and boots (no error), saves a new one, and the tampered one is deleted,
+    // in the bucket too.
+    d.destroy(&e.id).await;
+    poll_storage(&d, "the boot snapshot evicted a third time", within, |st| {
+        location(st, &snap) == "remote"
+    })
+    .await;
+    let chunks = manifest_chunks(&s3, &format!("snapshots/{snap}"));
+    flip_byte(&chunk_path(
+        &s3,
+        chunks.first().expect("the boot snapshot has chunks"),
+    ));
+    let g = d.create(shape.clone()).await;
+    assert_eq!(restores_of(&d, &snap), 2, "the tampered copy never got to a VMM");
+    assert!(
+        d.log().contains("restoring the boot snapshot failed"),
+        "{}",
+        d.log()
+    );
+    assert_eq!(saved_count(&d), 2, "the booted create saved a new boot snapshot");
+    assert_eq!(
+        d.sh(&g.id, "hostname").await.stdout.trim(),
+        g.id.replace('_', "-")
+    );
+    assert!(
+        !snapshot_dirs(&d).contains(&snap),
+        "nothing of the tampered copy kept locally"
+    );
+    poll_storage(&d, "the tampered boot snapshot deleted", within, |st| {
+        location(st, &snap).is_empty()
+    })
+    .await;
+    for id in [&a.id, &c.id, &g.id] {
         d.destroy(id).await;
     }
     drop(s3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_template_deletes_its_boot_snapshot() {
+    let _vm = VM_LOCK.lock().await;
+    let d = Daemon::start_with(&["--network", "off", "--warm-creates", "on"]).await;
+    let a = d
+        .create(json!({ "template": "minimal", "memory_mib": 256, "timeout_s": 600 }))
+        .await;
+    let (status, t) = d
+        .call(
+            Method::POST,
+            "/v1/templates",
+            Some(json!({"name": "warm-gone", "from_sandbox": a.id})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{t}\n{}", d.log());
+    let minimal_boot = snapshot_dirs(&d);
+    assert_eq!(minimal_boot.len(), 1, "{minimal_boot:?}");
+
+    // The saved template's first create saves its boot snapshot, the second restores it.
+    let shape = json!({ "template": "warm-gone", "memory_mib": 256, "timeout_s": 600 });
+    let b = d.create(shape.clone()).await;
+    let own: Vec<String> = snapshot_dirs(&d)
+        .into_iter()
+        .filter(|n| !minimal_boot.contains(n))
+        .collect();
+    assert_eq!(own.len(), 1, "{own:?}\n{}", d.log());
+    let c = d.create(shape).await;
+    assert_eq!(restores_of(&d, &own[0]), 1, "{}", d.log());
+    assert_eq!(
+        d.sh(&c.id, "hostname").await.stdout.trim(),
+        c.id.replace('_', "-")
+    );
+
+    // Once its sandboxes are gone the template can be deleted, and its boot snapshot goes with it (after the
+    // answer, in the background); the built-in template's stays.
+    for id in [&b.id, &c.id] {
+        d.destroy(id).await;
+    }
+    let (status, v) = d.call(Method::DELETE, "/v1/templates/warm-gone", None).await;
+    assert!(status.is_success(), "{status} {v}");
+    assert!(
+        common::wait_until(Duration::from_secs(30), || async {
+            !snapshot_dirs(&d).contains(&own[0])
+        })
+        .await,
+        "the deleted template's boot snapshot is deleted: {:?}\n{}",
+        snapshot_dirs(&d),
+        d.log()
+    );
+    assert_eq!(snapshot_dirs(&d), minimal_boot);
+    d.destroy(&a.id).await;
 }

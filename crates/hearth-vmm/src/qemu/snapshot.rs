@@ -213,7 +213,7 @@ impl QemuVmm {
         self.check_restorable(spec, snapshot, info)?;
         let ram = match &info.memory_file {
             Some(f) => Ram::Base(absolute(&snapshot.join(f))?),
-            None => fresh_memory(&spec.run_dir)?,
+            None => Ram::Own(fresh_memory_path(&spec.run_dir)?),
         };
         self.launch_incoming(spec, snapshot, info, Machine::of(info, ram))
             .await
@@ -230,16 +230,14 @@ impl QemuVmm {
         snapshot: &Path,
         info: &SnapshotInfo,
     ) -> Result<VmHandle, VmmError> {
-        self.check_restorable(spec, snapshot, info)?;
         let Some(f) = &info.memory_file else {
             return self.restore_from(spec, snapshot, info).await;
         };
-        // Removes a leftover of an earlier attempt: the copy goes into a new file.
-        let ram = fresh_memory(&spec.run_dir)?;
-        if let Ram::Own(own) = &ram {
-            copy_unsynced(&snapshot.join(f), own).await?;
-        }
-        self.launch_incoming(spec, snapshot, info, Machine::of(info, ram))
+        self.check_restorable(spec, snapshot, info)?;
+        // The copy goes into a new file (a leftover of an earlier attempt is removed first).
+        let own = fresh_memory_path(&spec.run_dir)?;
+        copy_unsynced(&snapshot.join(f), &own).await?;
+        self.launch_incoming(spec, snapshot, info, Machine::of(info, Ram::Own(own)))
             .await
     }
 
@@ -251,10 +249,10 @@ impl QemuVmm {
         snapshot: &Path,
         info: &SnapshotInfo,
     ) -> Result<VmHandle, VmmError> {
-        self.check_restorable(spec, snapshot, info)?;
         let Some(f) = &info.memory_file else {
             return self.restore_from(spec, snapshot, info).await;
         };
+        self.check_restorable(spec, snapshot, info)?;
         let paused_memory = absolute(&snapshot.join(f))?;
         let machine = Machine::of(info, Ram::Own(paused_memory.clone()));
         let vm = self.launch_incoming(spec, snapshot, info, machine).await?;
@@ -284,15 +282,16 @@ impl QemuVmm {
     }
 }
 
-/// A fresh, empty memory file for a VM whose RAM comes from a migration stream.
-fn fresh_memory(run_dir: &Path) -> Result<Ram, VmmError> {
+/// The path of a fresh memory file for a VM whose RAM comes from a migration stream or a copy: `<run>/memory`,
+/// with whatever an earlier attempt left there removed.
+fn fresh_memory_path(run_dir: &Path) -> Result<PathBuf, VmmError> {
     let path = run_dir.join(MEMORY_FILE);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(&path, e)),
     }
-    Ok(Ram::Own(path))
+    Ok(path)
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, VmmError> {

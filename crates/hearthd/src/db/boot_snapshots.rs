@@ -73,10 +73,13 @@ impl Db {
         Ok(())
     }
 
-    /// Records that boot snapshot `snapshot_id` was restored at `now_ms`.
+    /// Records that boot snapshot `snapshot_id` was restored at `now_ms`. To the minute: a use within a minute
+    /// of the recorded one writes nothing (a burst of warm creates is not a burst of database writes; the
+    /// least-recently-used order [`Self::retire_boot_snapshots_beyond`] needs is not finer than that).
     pub fn boot_snapshot_used(&self, snapshot_id: &str, now_ms: i64) -> Result<(), DbError> {
         self.lock().execute(
-            "UPDATE boot_snapshots SET used_at = ?2 WHERE snapshot_id = ?1",
+            "UPDATE boot_snapshots SET used_at = ?2
+             WHERE snapshot_id = ?1 AND (used_at IS NULL OR used_at <= ?2 - 60000)",
             params![snapshot_id, now_ms],
         )?;
         Ok(())
@@ -288,6 +291,18 @@ mod tests {
         // a was restored last, c was made last: b goes.
         db.boot_snapshot_used("snp_a", 10)?;
         assert_eq!(db.retire_boot_snapshots_beyond(2)?, vec!["snp_b".to_string()]);
+        // Uses within a minute of the recorded one are not written; a later one is.
+        let used_at = |db: &Db| -> rusqlite::Result<Option<i64>> {
+            db.lock().query_row(
+                "SELECT used_at FROM boot_snapshots WHERE snapshot_id = 'snp_a'",
+                [],
+                |r| r.get(0),
+            )
+        };
+        db.boot_snapshot_used("snp_a", 59_000)?;
+        assert_eq!(used_at(&db)?, Some(10));
+        db.boot_snapshot_used("snp_a", 60_010)?;
+        assert_eq!(used_at(&db)?, Some(60_010));
         assert_eq!(db.boot_snapshot_for("k2")?, None);
         assert_eq!(db.retire_boot_snapshots_beyond(1)?, vec!["snp_c".to_string()]);
         assert_eq!(db.boot_snapshot_for("k1")?.as_deref(), Some("snp_a"));

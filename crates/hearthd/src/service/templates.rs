@@ -592,8 +592,9 @@ impl Sandboxes {
             )));
         }
         self.storage_deleted(super::remote::Kind::Template, name);
-        // The files go in a task of their own (a caller that goes away does not stop it halfway), then its boot
-        // snapshots are retired (and deleted once no sandbox builds on them).
+        // The files go in a task of their own (a caller that goes away does not stop it halfway); the answer
+        // waits for them. Then its boot snapshots are retired and deleted once no sandbox builds on them, in the
+        // background: the answer does not wait for other snapshots' directories.
         let this = self.arc()?;
         let name = name.to_string();
         let cleanup = tokio::spawn(async move {
@@ -604,7 +605,7 @@ impl Sandboxes {
             }
             let dir = this.settings.paths.user_templates_dir().join(&name);
             super::remove_dir_off_runtime(dir, &format!("template directory {name}")).await;
-            this.sweep_boot_snapshots().await;
+            tokio::spawn(async move { this.sweep_boot_snapshots().await });
         });
         cleanup
             .await

@@ -1,8 +1,10 @@
 //! Helpers of the storage-bucket tests (`storage.rs`, `cache.rs`, `disk_sync.rs`): a daemon with `--storage`
-//! on a real S3 server of the test, `GET /v1/storage`, a pause that must succeed.
+//! on a real S3 server of the test, `GET /v1/storage`, a pause that must succeed, and the bucket's objects as
+//! s3s-fs keeps them on disk (manifests, chunks) for the tests that tamper with them.
 
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hearth_testkit::s3::S3Server;
@@ -81,4 +83,39 @@ pub async fn cli_storage_status(d: &Daemon) -> (bool, String) {
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
+}
+
+/// The prefix's directory in the s3s-fs data directory.
+pub fn bucket_root(s3: &S3Server) -> PathBuf {
+    s3.data_dir()
+        .expect("s3s-fs keeps files")
+        .join(s3.bucket())
+        .join(PREFIX)
+}
+
+/// The chunk ids an object's (plaintext) manifest references.
+pub fn manifest_chunks(s3: &S3Server, name: &str) -> Vec<String> {
+    let path = bucket_root(s3).join("manifests").join(name).join("MANIFEST");
+    let m: Value = serde_json::from_slice(&std::fs::read(&path).expect("manifest")).expect("json");
+    let mut ids = Vec::new();
+    for f in m["files"].as_array().cloned().unwrap_or_default() {
+        for c in f["chunks"].as_array().cloned().unwrap_or_default() {
+            if let Some(id) = c.as_str() {
+                ids.push(id.to_owned());
+            }
+        }
+    }
+    ids
+}
+
+pub fn chunk_path(s3: &S3Server, id: &str) -> PathBuf {
+    bucket_root(s3).join("chunks").join(&id[..2]).join(id)
+}
+
+/// Flips one bit in the middle of the file at `path` (a chunk object in the s3s-fs data directory).
+pub fn flip_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).expect("chunk");
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(path, bytes).expect("write chunk");
 }
